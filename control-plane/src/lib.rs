@@ -1,0 +1,3 @@
+//! Berth control plane: public gRPC API, registry, binding, placement, routing, sweeper.
+
+pub mod registry;

@@ -1,0 +1,1 @@
+//! In-process registry with etcd semantics, for `berth up` and tests.

@@ -1,0 +1,1 @@
+//! The production registry on etcd (`etcd-client`).

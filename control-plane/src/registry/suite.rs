@@ -1,0 +1,1 @@
+//! Conformance suite every `Registry` implementation passes (`registry_suite!`).

@@ -1,0 +1,16 @@
+//! The Berth wire contract: generated `berth.v1` types, clients and servers.
+//!
+//! Everything here is a compatibility contract (STYLE.md, Naming): field numbers are never
+//! reused. Conversions to and from domain types live next to the domain crates' types in
+//! [`convert`], so `berth-workspace` never sees gRPC.
+
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("berth.v1");
+}
+
+pub mod convert;
+pub mod meta;
+
+/// Encoded file descriptor set, served by gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("berth_descriptor");

@@ -1,0 +1,26 @@
+//! The Berth workspace contract (DESIGN.md §3) and its backends.
+//!
+//! A workspace is a directory plus an execution environment with a fixed layout. Each
+//! backend implements three primitives ([`Backend`]: spawn, read_file, write_file); every
+//! other operation is derived from them. [`BackendDriver`] creates and removes the runtimes
+//! on a node. This crate knows nothing of gRPC or the registry.
+
+pub mod backend;
+pub mod driver;
+pub mod error;
+pub mod exec;
+pub mod id;
+pub mod layout;
+pub mod path;
+pub mod posix;
+pub mod spec;
+
+pub use backend::{
+    Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind,
+    ProcessControl, SpawnSpec, Spawned, WriteOptions,
+};
+pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
+pub use error::{Result, WorkspaceError};
+pub use id::{WorkspaceId, validate_id};
+pub use path::{RelPath, join_path};
+pub use spec::WorkspaceSpec;
