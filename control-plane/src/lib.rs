@@ -1,3 +1,26 @@
 //! Berth control plane: public gRPC API, registry, binding, placement, routing, sweeper.
+//!
+//! Entry point: [`server::serve`]. A replica is stateless: everything it knows comes from the
+//! registry ([`registry::Registry`]), mirrored in memory by [`view::ReplicaView`].
 
+pub mod binding;
+pub mod config;
+pub mod error;
+pub mod heartbeat;
+pub mod keys;
+pub mod lease;
+pub mod node_client;
+pub mod placement;
+pub mod policy;
+pub mod records;
 pub mod registry;
+pub mod router;
+pub mod server;
+pub mod service;
+pub mod sweeper;
+pub mod view;
+
+pub use config::ControlPlaneConfig;
+pub use policy::{IsolationPolicy, assign_workspace_id};
+pub use registry::{Registry, RegistryRef};
+pub use server::{ServeError, serve};

@@ -27,19 +27,13 @@ pub enum RegistryError {
     #[error("registry unavailable: {0}")]
     Unavailable(String),
     #[error("registry call {operation} timed out after {millis} ms")]
-    Timeout {
-        operation: &'static str,
-        millis: u64,
-    },
+    Timeout { operation: &'static str, millis: u64 },
     /// The lease does not exist (expired or revoked).
     #[error("lease {0:x} not found")]
     LeaseNotFound(LeaseId),
     /// A watch asked for history the store no longer has; re-list and watch again.
     #[error("revision {requested} has been compacted (oldest available {compact_revision})")]
-    Compacted {
-        requested: i64,
-        compact_revision: i64,
-    },
+    Compacted { requested: i64, compact_revision: i64 },
     #[error("registry request refused: {0}")]
     InvalidRequest(String),
     /// A stored value could not be decoded.
@@ -100,57 +94,29 @@ pub struct Compare {
 impl Compare {
     /// The key does not exist.
     pub fn absent(key: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            op: CompareOp::Equal,
-            target: CompareTarget::CreateRevision(0),
-        }
+        Self { key: key.into(), op: CompareOp::Equal, target: CompareTarget::CreateRevision(0) }
     }
     pub fn create_revision(key: impl Into<String>, revision: i64) -> Self {
-        Self {
-            key: key.into(),
-            op: CompareOp::Equal,
-            target: CompareTarget::CreateRevision(revision),
-        }
+        Self { key: key.into(), op: CompareOp::Equal, target: CompareTarget::CreateRevision(revision) }
     }
     pub fn mod_revision(key: impl Into<String>, revision: i64) -> Self {
-        Self {
-            key: key.into(),
-            op: CompareOp::Equal,
-            target: CompareTarget::ModRevision(revision),
-        }
+        Self { key: key.into(), op: CompareOp::Equal, target: CompareTarget::ModRevision(revision) }
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TxnOp {
-    Put {
-        key: String,
-        value: Bytes,
-        lease: LeaseId,
-    },
-    Delete {
-        key: String,
-    },
-    Get {
-        key: String,
-    },
+    Put { key: String, value: Bytes, lease: LeaseId },
+    Delete { key: String },
+    Get { key: String },
 }
 
 impl TxnOp {
     pub fn put(key: impl Into<String>, value: impl Into<Bytes>) -> Self {
-        Self::Put {
-            key: key.into(),
-            value: value.into(),
-            lease: 0,
-        }
+        Self::Put { key: key.into(), value: value.into(), lease: 0 }
     }
     pub fn put_with_lease(key: impl Into<String>, value: impl Into<Bytes>, lease: LeaseId) -> Self {
-        Self::Put {
-            key: key.into(),
-            value: value.into(),
-            lease,
-        }
+        Self::Put { key: key.into(), value: value.into(), lease }
     }
     pub fn delete(key: impl Into<String>) -> Self {
         Self::Delete { key: key.into() }
@@ -296,9 +262,7 @@ pub trait Registry: Send + Sync {
     }
 
     async fn put(&self, key: &str, value: Bytes) -> Result<i64> {
-        let response = self
-            .txn(Txn::new().and_then([TxnOp::put(key, value)]))
-            .await?;
+        let response = self.txn(Txn::new().and_then([TxnOp::put(key, value)])).await?;
         Ok(response.revision)
     }
 
@@ -330,9 +294,7 @@ pub trait Registry: Send + Sync {
             Some(existing) => Ok(Err(existing.clone())),
             // Deleted between the compare and the get of the same txn cannot happen; treat it
             // as a lost race and let the caller retry.
-            None => Err(RegistryError::Unavailable(format!(
-                "{key} vanished during create"
-            ))),
+            None => Err(RegistryError::Unavailable(format!("{key} vanished during create"))),
         }
     }
 }

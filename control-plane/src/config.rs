@@ -1,0 +1,81 @@
+//! Control-plane configuration: defaults here, overridden by flags / env in the CLI.
+
+use std::time::Duration;
+
+use crate::policy::IsolationPolicy;
+
+#[derive(Clone, Debug)]
+pub struct ControlPlaneConfig {
+    /// Unique per replica; names its lease holder in locks and node records.
+    pub replica_id: String,
+    /// Address other processes reach this replica at (informational, in its record).
+    pub advertise_address: String,
+    /// Registry key prefix.
+    pub key_prefix: String,
+    pub isolation: IsolationPolicy,
+    /// Workspaces idle longer than this have their runtime released.
+    pub idle_ttl: Duration,
+    /// TTL of the replica's own lease (bind locks, sweeper leadership). A dead replica's
+    /// locks free up this long after it dies.
+    pub replica_lease_ttl: Duration,
+    /// TTL of node leases. A dead node is seen gone this long after its last heartbeat.
+    pub node_lease_ttl: Duration,
+    /// How often nodes heartbeat (sent to them at registration).
+    pub heartbeat_interval: Duration,
+    /// Deadline of a whole bind (lock, provision, record write, or the wait for another
+    /// replica's bind).
+    pub bind_timeout: Duration,
+    /// Deadline of one Provision call to a node.
+    pub provision_timeout: Duration,
+    /// Deadline of unary node calls other than exec.
+    pub node_call_timeout: Duration,
+}
+
+impl ControlPlaneConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        berth_workspace::validate_id("replica id", &self.replica_id).map_err(|error| error.to_string())?;
+        if self.heartbeat_interval * 2 > self.node_lease_ttl {
+            return Err(format!(
+                "node lease ttl ({:?}) must be at least twice the heartbeat interval ({:?})",
+                self.node_lease_ttl, self.heartbeat_interval
+            ));
+        }
+        if self.replica_lease_ttl < Duration::from_secs(2) || self.node_lease_ttl < Duration::from_secs(2) {
+            return Err("lease ttls must be at least 2s (etcd's minimum)".into());
+        }
+        if self.idle_ttl < Duration::from_secs(1) {
+            return Err("idle ttl must be at least 1s".into());
+        }
+        if !self.key_prefix.starts_with('/') {
+            return Err(format!("key prefix {:?} must start with '/'", self.key_prefix));
+        }
+        Ok(())
+    }
+
+    /// Defaults for a replica with this id.
+    pub fn new(replica_id: impl Into<String>) -> Self {
+        Self {
+            replica_id: replica_id.into(),
+            advertise_address: String::new(),
+            key_prefix: "/berth".into(),
+            isolation: IsolationPolicy::PerAgent,
+            idle_ttl: Duration::from_secs(3600),
+            replica_lease_ttl: Duration::from_secs(5),
+            node_lease_ttl: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(2),
+            bind_timeout: Duration::from_secs(60),
+            provision_timeout: Duration::from_secs(45),
+            node_call_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// How often the sweeper looks for idle workspaces.
+    pub fn sweep_interval(&self) -> Duration {
+        (self.idle_ttl / 4).clamp(Duration::from_millis(500), Duration::from_secs(60))
+    }
+
+    /// How often a node record is rewritten with fresh load and access times.
+    pub fn node_record_refresh(&self) -> Duration {
+        (self.idle_ttl / 4).clamp(Duration::from_millis(500), Duration::from_secs(10))
+    }
+}

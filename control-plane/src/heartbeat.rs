@@ -1,0 +1,264 @@
+//! `NodeService.Heartbeat`: node registration and liveness (DESIGN.md §4.3).
+//!
+//! The replica holding a node's stream keeps the node's lease alive, one keep-alive per
+//! heartbeat: a node that stops heartbeating loses its key within the lease TTL, and every
+//! replica sees it leave through its view. A node that reconnects to another replica
+//! presents its lease id and that replica continues the same lease, so a replica failover is
+//! invisible. When the lease is gone the replica tells the node to fence itself; the node
+//! registers again with a new lease and generation.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use berth_proto::v1::control_message::Msg as ControlMsg;
+use berth_proto::v1::node_message::Msg as NodeMsg;
+use berth_proto::v1::node_service_server::NodeService;
+use berth_proto::v1::{self, ControlMessage, NodeMessage};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::config::ControlPlaneConfig;
+use crate::keys::Keys;
+use crate::records::{self, NodeLoadRecord, NodeRecord, RECORD_VERSION, now_ms};
+use crate::registry::{LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
+use crate::view::ReplicaView;
+
+pub struct HeartbeatService {
+    registry: RegistryRef,
+    keys: Keys,
+    view: Arc<ReplicaView>,
+    config: ControlPlaneConfig,
+    shutdown: CancellationToken,
+}
+
+impl HeartbeatService {
+    pub fn new(
+        registry: RegistryRef,
+        keys: Keys,
+        view: Arc<ReplicaView>,
+        config: ControlPlaneConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self { registry, keys, view, config, shutdown }
+    }
+}
+
+type ControlStream = Pin<Box<dyn Stream<Item = Result<ControlMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl NodeService for HeartbeatService {
+    type HeartbeatStream = ControlStream;
+
+    async fn heartbeat(
+        &self,
+        request: Request<Streaming<NodeMessage>>,
+    ) -> Result<Response<Self::HeartbeatStream>, Status> {
+        let mut inbound = request.into_inner();
+        let register = match inbound.message().await? {
+            Some(NodeMessage { msg: Some(NodeMsg::Register(register)) }) => register,
+            _ => return Err(Status::invalid_argument("the first heartbeat message must be a register")),
+        };
+        validate_register(&register)?;
+        let mut session = NodeSession::register(self, register).await?;
+        let (sender, receiver) = mpsc::channel(16);
+        let registered = ControlMsg::Registered(v1::Registered {
+            lease_id: session.record.lease_id,
+            node_generation: session.record.node_generation,
+            lease_ttl_ms: self.config.node_lease_ttl.as_millis() as u64,
+            heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u64,
+            replica_id: self.config.replica_id.clone(),
+        });
+        // Cannot fail: the receiver is alive and the channel empty.
+        let _ = sender.try_send(Ok(ControlMessage { msg: Some(registered) }));
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let node_id = session.record.node_id.clone();
+            if let Err(error) = session.serve(&mut inbound, &sender, shutdown).await {
+                tracing::info!(node_id = %node_id, %error, "heartbeat stream ended");
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
+
+fn validate_register(register: &v1::Register) -> Result<(), Status> {
+    let invalid = |error: berth_workspace::WorkspaceError| Status::invalid_argument(error.to_string());
+    berth_workspace::validate_id("node id", &register.node_id).map_err(invalid)?;
+    if !(register.address.starts_with("http://") || register.address.starts_with("https://")) {
+        return Err(Status::invalid_argument(format!("node address {:?} must be an http(s) URL", register.address)));
+    }
+    if register.backends.is_empty() {
+        return Err(Status::invalid_argument("a node must offer at least one backend"));
+    }
+    Ok(())
+}
+
+/// State of one node's stream on this replica.
+struct NodeSession {
+    registry: RegistryRef,
+    key: String,
+    view: Arc<ReplicaView>,
+    config: ControlPlaneConfig,
+    record: NodeRecord,
+    lease: LeaseId,
+    last_write: Instant,
+}
+
+impl NodeSession {
+    /// Continues the node's lease if it still exists, else grants a new one (and a new node
+    /// generation), and writes the node record on it.
+    async fn register(service: &HeartbeatService, register: v1::Register) -> Result<Self, Status> {
+        let registry = Arc::clone(&service.registry);
+        let continued = match register.lease_id {
+            0 => None,
+            lease => match registry.keep_alive(lease).await {
+                Ok(_) => Some(lease),
+                Err(RegistryError::LeaseNotFound(_)) => None,
+                Err(error) => return Err(registry_status(error)),
+            },
+        };
+        let (lease, node_generation) = match continued {
+            Some(lease) => (lease, register.node_generation),
+            None => {
+                let lease = registry.grant_lease(service.config.node_lease_ttl).await.map_err(registry_status)?;
+                let previous = service.view.node(&register.node_id).map(|record| record.node_generation).unwrap_or(0);
+                (lease, previous.max(register.node_generation) + 1)
+            }
+        };
+        let record = NodeRecord {
+            version: RECORD_VERSION,
+            node_id: register.node_id.clone(),
+            address: register.address,
+            backends: register.backends,
+            default_backend: register.default_backend,
+            labels: register.labels.into_iter().collect(),
+            capacity_workspaces: register.capacity_workspaces,
+            lease_id: lease,
+            node_generation,
+            replica_id: service.config.replica_id.clone(),
+            last_heartbeat_ms: now_ms(),
+            load: NodeLoadRecord::default(),
+            last_access_ms: BTreeMap::new(),
+            draining: service.view.node(&register.node_id).is_some_and(|record| record.draining),
+            agent_version: register.version,
+        };
+        let mut session = Self {
+            registry,
+            key: service.keys.node(&record.node_id),
+            view: Arc::clone(&service.view),
+            config: service.config.clone(),
+            record,
+            lease,
+            last_write: Instant::now(),
+        };
+        session.write_record().await.map_err(registry_status)?;
+        tracing::info!(
+            node_id = %session.record.node_id,
+            lease = session.lease,
+            node_generation = session.record.node_generation,
+            continued = continued.is_some(),
+            "node registered"
+        );
+        Ok(session)
+    }
+
+    async fn write_record(&mut self) -> crate::registry::Result<()> {
+        self.record.last_heartbeat_ms = now_ms();
+        let put = TxnOp::put_with_lease(&self.key, records::encode(&self.record), self.lease);
+        self.registry.txn(Txn::new().and_then([put])).await?;
+        self.last_write = Instant::now();
+        Ok(())
+    }
+
+    async fn serve(
+        &mut self,
+        inbound: &mut Streaming<NodeMessage>,
+        sender: &mpsc::Sender<Result<ControlMessage, Status>>,
+        shutdown: CancellationToken,
+    ) -> Result<(), Status> {
+        loop {
+            let message = tokio::select! {
+                // On shutdown the stream just ends; the node reconnects to another replica and
+                // continues its lease there.
+                _ = shutdown.cancelled() => return Ok(()),
+                message = inbound.message() => message?,
+            };
+            let Some(NodeMessage { msg: Some(NodeMsg::Report(report)) }) = message else {
+                return Ok(());
+            };
+            match self.registry.keep_alive(self.lease).await {
+                Ok(_) => {}
+                Err(RegistryError::LeaseNotFound(_)) => {
+                    tracing::warn!(node_id = %self.record.node_id, "node lease expired; fencing the node");
+                    let fence = ControlMsg::Fence(v1::Fence { reason: "node lease expired".into() });
+                    let _ = sender.send(Ok(ControlMessage { msg: Some(fence) })).await;
+                    return Ok(());
+                }
+                // Not fatal: the next heartbeat tries again, well within the TTL. No ack: the
+                // node measures its lease from acknowledged heartbeats only.
+                Err(error) => {
+                    tracing::warn!(node_id = %self.record.node_id, %error, "node lease keep-alive failed");
+                    continue;
+                }
+            }
+            for destroy in self.stale_workspaces(&report) {
+                let command =
+                    ControlMsg::Command(v1::NodeCommand { cmd: Some(v1::node_command::Cmd::DestroyStale(destroy)) });
+                if sender.send(Ok(ControlMessage { msg: Some(command) })).await.is_err() {
+                    return Ok(());
+                }
+            }
+            self.absorb(report.clone());
+            if self.last_write.elapsed() >= self.config.node_record_refresh() {
+                if let Err(error) = self.write_record().await {
+                    tracing::warn!(node_id = %self.record.node_id, %error, "writing the node record failed");
+                }
+            }
+            let ack = ControlMsg::Ack(v1::HeartbeatAck { seq: report.seq });
+            if sender.send(Ok(ControlMessage { msg: Some(ack) })).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn absorb(&mut self, report: v1::HeartbeatReport) {
+        if let Some(load) = report.load {
+            self.record.load = NodeLoadRecord {
+                workspaces: load.workspaces,
+                running: load.running,
+                execs_in_flight: load.execs_in_flight,
+                load_avg_1m: load.load_avg_1m,
+                mem_available_bytes: load.mem_available_bytes,
+            };
+        }
+        self.record.last_access_ms =
+            report.workspaces.into_iter().map(|local| (local.workspace_id, local.last_access_unix_ms)).collect();
+        // A drain flag set by an operator through another replica must survive our rewrites.
+        if let Some(current) = self.view.node(&self.record.node_id) {
+            self.record.draining = current.draining;
+        }
+    }
+
+    /// Local copies that a newer placement has superseded (the record's generation is
+    /// higher than the node's): the node should remove them. A local copy with no record
+    /// or a newer generation than the record may be a bind in flight and is left alone.
+    fn stale_workspaces(&self, report: &v1::HeartbeatReport) -> Vec<v1::DestroyStale> {
+        report
+            .workspaces
+            .iter()
+            .filter(|local| {
+                self.view.workspace(&local.workspace_id).is_some_and(|entry| entry.record.generation > local.generation)
+            })
+            .map(|local| v1::DestroyStale { workspace_id: local.workspace_id.clone(), generation: local.generation })
+            .collect()
+    }
+}
+
+fn registry_status(error: RegistryError) -> Status {
+    Status::from(crate::error::ControlPlaneError::from(error))
+}

@@ -1,0 +1,89 @@
+//! The replica's own lease: bind locks, the sweeper's leadership and the replica's record
+//! hang on it, so all of them vanish when the replica dies (DESIGN.md §4.2).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::registry::{LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
+
+/// Keeps one lease alive; grants a new one (and re-attaches the replica record) if the
+/// registry lost it. Holders of locks on the old lease find out through their fencing
+/// compares, never by being told.
+pub struct ReplicaLease {
+    registry: RegistryRef,
+    current: watch::Receiver<LeaseId>,
+}
+
+impl ReplicaLease {
+    /// Grants the lease, writes `record_key = record` on it, and keeps it alive until
+    /// `cancel` fires.
+    pub async fn start(
+        registry: RegistryRef,
+        ttl: Duration,
+        record_key: String,
+        record: Bytes,
+        cancel: CancellationToken,
+    ) -> crate::registry::Result<Arc<Self>> {
+        let lease = registry.grant_lease(ttl).await?;
+        registry.txn(Txn::new().and_then([TxnOp::put_with_lease(&record_key, record.clone(), lease)])).await?;
+        let (sender, current) = watch::channel(lease);
+        let keeper = Keeper { registry: Arc::clone(&registry), ttl, record_key, record, sender };
+        tokio::spawn(keeper.run(cancel));
+        Ok(Arc::new(Self { registry, current }))
+    }
+
+    pub fn id(&self) -> LeaseId {
+        *self.current.borrow()
+    }
+
+    /// Revokes the lease: locks, leadership and the replica record go at once.
+    pub async fn revoke(&self) {
+        if let Err(error) = self.registry.revoke_lease(self.id()).await {
+            tracing::warn!(%error, "revoking the replica lease failed; it will expire");
+        }
+    }
+}
+
+struct Keeper {
+    registry: RegistryRef,
+    ttl: Duration,
+    record_key: String,
+    record: Bytes,
+    sender: watch::Sender<LeaseId>,
+}
+
+impl Keeper {
+    async fn run(self, cancel: CancellationToken) {
+        let period = self.ttl / 3;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            let lease = *self.sender.borrow();
+            match self.registry.keep_alive(lease).await {
+                Ok(_) => {}
+                Err(RegistryError::LeaseNotFound(_)) => {
+                    tracing::warn!(lease, "replica lease expired; granting a new one");
+                    if let Err(error) = self.regrant().await {
+                        tracing::warn!(%error, "granting a new replica lease failed; retrying");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "replica lease keep-alive failed; retrying"),
+            }
+        }
+    }
+
+    async fn regrant(&self) -> crate::registry::Result<()> {
+        let lease = self.registry.grant_lease(self.ttl).await?;
+        self.registry
+            .txn(Txn::new().and_then([TxnOp::put_with_lease(&self.record_key, self.record.clone(), lease)]))
+            .await?;
+        self.sender.send_replace(lease);
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! Placement: which live node gets a workspace (DESIGN.md §4.3).
+//!
+//! Among live, non-draining nodes that offer the backend and match the selector: the node
+//! that already holds the workspace's data if it qualifies, else the least loaded. Load is
+//! the node's last reported workspace count plus what this replica placed there since that
+//! report, so a burst of binds does not pile onto one node between heartbeats. Ties are
+//! broken by rendezvous hashing of (workspace, node), which spreads equal nodes evenly and
+//! identically on every replica.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::ControlPlaneError;
+use crate::records::NodeRecord;
+use crate::view::ReplicaView;
+
+/// Spec labels with this prefix select nodes: `berth.node/zone=a` needs node label `zone=a`.
+pub const NODE_SELECTOR_PREFIX: &str = "berth.node/";
+
+#[derive(Default)]
+pub struct Placement {
+    /// node id -> (mod revision of the node record seen, placements since then).
+    recent: Mutex<HashMap<String, (i64, u32)>>,
+}
+
+impl Placement {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Picks a node for `workspace_id`. `backend` empty means "any node, its default".
+    pub fn choose(
+        &self,
+        view: &ReplicaView,
+        workspace_id: &str,
+        backend: &str,
+        labels: &BTreeMap<String, String>,
+        prefer: Option<&str>,
+    ) -> Result<Arc<NodeRecord>, ControlPlaneError> {
+        let selector: Vec<(&str, &str)> = labels
+            .iter()
+            .filter_map(|(key, value)| key.strip_prefix(NODE_SELECTOR_PREFIX).map(|key| (key, value.as_str())))
+            .collect();
+        let eligible = |node: &NodeRecord| {
+            !node.draining
+                && (backend.is_empty() || node.backends.iter().any(|offered| offered == backend))
+                && selector.iter().all(|(key, value)| node.labels.get(*key).map(String::as_str) == Some(*value))
+                && (node.capacity_workspaces == 0 || node.load.workspaces < node.capacity_workspaces)
+        };
+        let entries = view.nodes.all();
+        if let Some(preferred) = prefer
+            && let Some(entry) = entries.iter().find(|entry| entry.record.node_id == preferred)
+            && eligible(&entry.record)
+        {
+            self.note_placement(&entry.record.node_id, entry.mod_revision);
+            return Ok(Arc::clone(&entry.record));
+        }
+        let recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let best = entries
+            .iter()
+            .filter(|entry| eligible(&entry.record))
+            .map(|entry| {
+                let placed_since = match recent.get(&entry.record.node_id) {
+                    Some((seen, count)) if *seen == entry.mod_revision => *count,
+                    _ => 0,
+                };
+                let load = entry.record.load.workspaces + placed_since;
+                (load, rendezvous(workspace_id, &entry.record.node_id), entry)
+            })
+            .min_by(|left, right| (left.0, left.1).cmp(&(right.0, right.1)))
+            .map(|(_, _, entry)| entry.clone());
+        drop(recent);
+        match best {
+            Some(entry) => {
+                self.note_placement(&entry.record.node_id, entry.mod_revision);
+                Ok(entry.record)
+            }
+            None => Err(ControlPlaneError::NoLiveNode {
+                backend: if backend.is_empty() { "(node default)".into() } else { backend.into() },
+                selector: if selector.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " matching {}",
+                        selector.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",")
+                    )
+                },
+            }),
+        }
+    }
+
+    fn note_placement(&self, node_id: &str, mod_revision: i64) {
+        let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = recent.entry(node_id.to_owned()).or_insert((mod_revision, 0));
+        if slot.0 != mod_revision {
+            *slot = (mod_revision, 0);
+        }
+        slot.1 += 1;
+    }
+}
+
+fn rendezvous(workspace_id: &str, node_id: &str) -> [u8; 8] {
+    let digest = Sha256::new().chain_update(workspace_id).chain_update([0]).chain_update(node_id).finalize();
+    let mut prefix = [0u8; 8];
+    prefix.copy_from_slice(&digest[..8]);
+    prefix
+}

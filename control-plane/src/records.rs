@@ -1,0 +1,175 @@
+//! Records stored in the registry. Each is JSON with a `version` field (the record schema),
+//! so the format can grow: new fields always carry `#[serde(default)]`.
+//!
+//! Durable: everything here. Rebuilt at start: each replica's in-memory view of workspaces
+//! and nodes (from a list + watch). Fencing: the bind lock's `create_revision` guards every
+//! write of a workspace record made under that lock (DESIGN.md §4.2).
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use berth_workspace::{WorkspaceId, WorkspaceSpec};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::IsolationPolicy;
+use crate::registry::RegistryError;
+
+/// Current schema version written by this build.
+pub const RECORD_VERSION: u32 = 1;
+
+/// Stored lifecycle state. `Lost` is never stored: it is derived by the view when the
+/// record says `Ready` but its node has no live key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoredState {
+    /// Provisioned on `node_id` at `generation`.
+    Ready,
+    /// Runtime released by the idle sweeper or CloseWorkspace; data kept on `node_id`.
+    Idle,
+    /// The last provisioning attempt failed (`failure` says why); the next access retries.
+    Failed,
+}
+
+/// `/berth/workspaces/<id>`. Written only under the workspace's bind lock, fenced by the
+/// lock's create revision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceRecord {
+    pub version: u32,
+    pub id: WorkspaceId,
+    /// User that created it (empty for `global` workspaces).
+    pub owner: String,
+    pub agent: String,
+    pub policy: IsolationPolicy,
+    /// Backend asked for ("" = the node's default until placed, then the one used).
+    pub backend: String,
+    pub spec: WorkspaceSpec,
+    pub state: StoredState,
+    /// Node holding the workspace's runtime and data.
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// Grows with every placement; a node serving another generation refuses the call.
+    pub generation: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    #[serde(default)]
+    pub failure: Option<String>,
+    /// Replica that made the last state change (for operators and tests).
+    #[serde(default)]
+    pub changed_by: String,
+    /// Principals the owner shared this workspace with.
+    #[serde(default)]
+    pub shared_with: Vec<String>,
+}
+
+/// `/berth/sessions/<id>`: the durable session -> workspace binding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub version: u32,
+    pub session_id: String,
+    pub user: String,
+    pub agent: String,
+    pub workspace_id: WorkspaceId,
+    pub created_at_ms: i64,
+}
+
+/// Load a node reported in its last heartbeat.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeLoadRecord {
+    pub workspaces: u32,
+    pub running: u32,
+    pub execs_in_flight: u32,
+    pub load_avg_1m: f64,
+    pub mem_available_bytes: u64,
+}
+
+/// `/berth/nodes/<id>`, attached to the node's lease: it exists exactly while the node is
+/// live. Rewritten by the replica holding the node's heartbeat stream, at most every few
+/// seconds (never once per request).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub version: u32,
+    pub node_id: String,
+    pub address: String,
+    pub backends: Vec<String>,
+    pub default_backend: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capacity_workspaces: u32,
+    pub lease_id: i64,
+    pub node_generation: u64,
+    /// Replica holding the heartbeat stream.
+    pub replica_id: String,
+    pub last_heartbeat_ms: i64,
+    #[serde(default)]
+    pub load: NodeLoadRecord,
+    /// Last access per workspace on this node (unix ms), from heartbeats; feeds the sweeper.
+    #[serde(default)]
+    pub last_access_ms: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub draining: bool,
+    #[serde(default)]
+    pub agent_version: String,
+}
+
+/// `/berth/replicas/<id>`, attached to the replica's lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    pub version: u32,
+    pub replica_id: String,
+    pub address: String,
+    pub started_at_ms: i64,
+}
+
+pub fn encode<T: Serialize>(record: &T) -> Bytes {
+    // Serialising these plain structs cannot fail (string keys, no custom serialisers).
+    Bytes::from(serde_json::to_vec(record).unwrap_or_default())
+}
+
+pub fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, RegistryError> {
+    #[derive(Deserialize)]
+    struct Versioned {
+        version: u32,
+    }
+    let versioned: Versioned = serde_json::from_slice(value)
+        .map_err(|error| RegistryError::Corrupt { key: key.to_owned(), reason: error.to_string() })?;
+    if versioned.version > RECORD_VERSION {
+        return Err(RegistryError::Corrupt {
+            key: key.to_owned(),
+            reason: format!("record version {} is newer than this build's {RECORD_VERSION}", versioned.version),
+        });
+    }
+    serde_json::from_slice(value)
+        .map_err(|error| RegistryError::Corrupt { key: key.to_owned(), reason: error.to_string() })
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_millis() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_roundtrip_and_refuse_garbage() {
+        let record = SessionRecord {
+            version: RECORD_VERSION,
+            session_id: "s1".into(),
+            user: "u".into(),
+            agent: "a".into(),
+            workspace_id: WorkspaceId::new("ws-1").unwrap(),
+            created_at_ms: 5,
+        };
+        let bytes = encode(&record);
+        assert_eq!(decode::<SessionRecord>("k", &bytes).unwrap(), record);
+        assert!(matches!(decode::<SessionRecord>("k", b"{"), Err(RegistryError::Corrupt { .. })));
+        assert!(matches!(decode::<SessionRecord>("k", br#"{"version":99}"#), Err(RegistryError::Corrupt { .. })));
+        // An invalid workspace id inside a record is refused at decode time.
+        let bad = br#"{"version":1,"session_id":"s","user":"u","agent":"a","workspace_id":"../x","created_at_ms":1}"#;
+        assert!(decode::<SessionRecord>("k", bad).is_err());
+    }
+}

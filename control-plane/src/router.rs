@@ -1,0 +1,123 @@
+//! Routing of workspace operations to the node agent holding the workspace (DESIGN.md §4.4).
+//!
+//! The hot path is a view lookup. A node answering "wrong generation", "fenced" or being
+//! unreachable means the view may be stale: the router re-reads the record linearizably,
+//! re-binds if the workspace moved, went LOST or the node lost it, and retries once.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use berth_proto::meta::ErrorKind;
+use berth_workspace::WorkspaceId;
+use tonic::{Code, Status};
+
+use crate::binding::{BindRequest, Binder};
+use crate::error::ControlPlaneError;
+use crate::node_client::NodeAgentClient;
+use crate::records::WorkspaceRecord;
+use crate::view::EffectiveState;
+
+/// Where one call goes.
+#[derive(Clone)]
+pub struct Target {
+    pub record: Arc<WorkspaceRecord>,
+    pub client: NodeAgentClient,
+}
+
+impl Target {
+    pub fn generation(&self) -> u64 {
+        self.record.generation
+    }
+}
+
+pub struct Router {
+    binder: Arc<Binder>,
+}
+
+impl Router {
+    pub fn new(binder: Arc<Binder>) -> Self {
+        Self { binder }
+    }
+
+    pub fn binder(&self) -> &Arc<Binder> {
+        &self.binder
+    }
+
+    /// Resolves a workspace to a READY placement, bringing it back if it is IDLE or LOST.
+    pub async fn target(&self, workspace_id: &WorkspaceId) -> Result<Target, ControlPlaneError> {
+        let view = &self.binder.view;
+        let record = match view.workspace(workspace_id.as_str()) {
+            Some(entry) if view.effective_state(&entry.record) == EffectiveState::Ready => entry.record,
+            _ => self.binder.ensure_ready(BindRequest::existing(workspace_id.clone())).await?,
+        };
+        self.target_for(record)
+    }
+
+    fn target_for(&self, record: Arc<WorkspaceRecord>) -> Result<Target, ControlPlaneError> {
+        let node_id = record.node_id.as_deref().unwrap_or_default();
+        let node =
+            self.binder.view.node(node_id).ok_or_else(|| {
+                ControlPlaneError::Internal(format!("node {node_id} of a ready workspace is not live"))
+            })?;
+        let client = self.binder.nodes.get(&node.address)?;
+        Ok(Target { record, client })
+    }
+
+    /// Runs `call` against the workspace's node, retrying once after a linearizable re-read
+    /// when the node says the view was stale.
+    pub async fn call<T, F, Fut>(&self, workspace_id: &WorkspaceId, call: F) -> Result<T, Status>
+    where
+        F: Fn(Target) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let target = self.target(workspace_id).await?;
+        let stale_generation = target.generation();
+        match call(target).await {
+            Err(status) if is_stale_route(&status) => {
+                tracing::debug!(ws_id = %workspace_id, code = ?status.code(), "stale route; re-reading the record");
+                let retry = self.retarget(workspace_id, stale_generation, &status).await?;
+                call(retry).await
+            }
+            other => other,
+        }
+    }
+
+    /// After a stale-route answer: re-read; if the record still names the same node and
+    /// generation and the node denies holding it, re-provision (new generation).
+    async fn retarget(
+        &self,
+        workspace_id: &WorkspaceId,
+        stale_generation: u64,
+        status: &Status,
+    ) -> Result<Target, ControlPlaneError> {
+        let key = self.binder.keys.workspace(workspace_id);
+        let (found, _) = self.binder.read_record(&key).await?;
+        let Some((record, _)) = found else {
+            return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
+        };
+        let unchanged = record.generation == stale_generation;
+        if unchanged && ErrorKind::of(status) != Some(ErrorKind::WrongGeneration) {
+            // Same placement, node unreachable or fenced: one more try at the same place,
+            // unless the view has meanwhile seen the node go.
+            if self.binder.view.effective_state(&record) == EffectiveState::Ready {
+                return self.target_for(Arc::new(record));
+            }
+        }
+        let record = self
+            .binder
+            .ensure_ready(BindRequest {
+                replace_generation: unchanged.then_some(stale_generation),
+                ..BindRequest::existing(workspace_id.clone())
+            })
+            .await?;
+        self.target_for(record)
+    }
+}
+
+/// Answers that mean "the replica's idea of where the workspace lives may be stale".
+fn is_stale_route(status: &Status) -> bool {
+    matches!(ErrorKind::of(status), Some(ErrorKind::WrongGeneration | ErrorKind::NodeFenced))
+        || (status.code() == Code::Unavailable
+            && ErrorKind::of(status).is_none()
+            && !berth_proto::meta::is_retryable(status))
+}

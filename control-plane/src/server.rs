@@ -1,0 +1,122 @@
+//! The composition root of a replica: `serve(listener, config, registry, shutdown)`.
+//! `berth control-plane`, `berth up`, tests and benchmarks all call this.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_proto::v1::admin_service_server::AdminServiceServer;
+use berth_proto::v1::node_service_server::NodeServiceServer;
+use berth_proto::v1::workspace_service_server::WorkspaceServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::binding::Binder;
+use crate::config::ControlPlaneConfig;
+use crate::heartbeat::HeartbeatService;
+use crate::keys::Keys;
+use crate::lease::ReplicaLease;
+use crate::node_client::NodeClients;
+use crate::records::{self, RECORD_VERSION, ReplicaRecord, now_ms};
+use crate::registry::RegistryRef;
+use crate::router::Router;
+use crate::service::admin::AdminApi;
+use crate::service::workspace::WorkspaceApi;
+use crate::sweeper::Sweeper;
+use crate::view::ReplicaView;
+
+/// Largest gRPC message accepted or sent (file data is streamed in smaller chunks).
+pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
+
+/// Serves one replica on `listener` until `shutdown` fires, then stops accepting, lets
+/// in-flight calls finish (bounded), and revokes the replica lease so its locks and
+/// leadership free up at once.
+pub async fn serve(
+    listener: TcpListener,
+    mut config: ControlPlaneConfig,
+    registry: RegistryRef,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    config.validate().map_err(ServeError::Config)?;
+    if config.advertise_address.is_empty() {
+        config.advertise_address = format!("http://{}", listener.local_addr().map_err(ServeError::Io)?);
+    }
+    let keys = Keys::new(&config.key_prefix);
+    // Background tasks stop on `tasks`, which is cancelled only after the server drained.
+    let tasks = CancellationToken::new();
+    let replica_record = ReplicaRecord {
+        version: RECORD_VERSION,
+        replica_id: config.replica_id.clone(),
+        address: config.advertise_address.clone(),
+        started_at_ms: now_ms(),
+    };
+    let lease = ReplicaLease::start(
+        Arc::clone(&registry),
+        config.replica_lease_ttl,
+        keys.replica(&config.replica_id),
+        records::encode(&replica_record),
+        tasks.clone(),
+    )
+    .await?;
+    let view = ReplicaView::start(Arc::clone(&registry), &keys, tasks.clone()).await?;
+    let nodes = Arc::new(NodeClients::new());
+    let binder = Arc::new(Binder::new(
+        Arc::clone(&registry),
+        keys.clone(),
+        Arc::clone(&view),
+        Arc::clone(&lease),
+        nodes,
+        config.clone(),
+    ));
+    let router = Arc::new(Router::new(Arc::clone(&binder)));
+    tokio::spawn(Sweeper::new(Arc::clone(&binder)).run(tasks.clone()));
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<WorkspaceServiceServer<WorkspaceApi>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|error| ServeError::Config(error.to_string()))?;
+
+    let workspace_api = WorkspaceServiceServer::new(WorkspaceApi::new(router))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let heartbeat =
+        HeartbeatService::new(Arc::clone(&registry), keys, Arc::clone(&view), config.clone(), shutdown.clone());
+    tracing::info!(
+        replica_id = %config.replica_id,
+        address = %config.advertise_address,
+        registry = registry.name(),
+        isolation = %config.isolation,
+        "control plane serving"
+    );
+    let served = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(workspace_api)
+        .add_service(AdminServiceServer::new(AdminApi::new(Arc::clone(&view))))
+        .add_service(NodeServiceServer::new(heartbeat))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
+        .await;
+    tasks.cancel();
+    lease.revoke().await;
+    tracing::info!(replica_id = %config.replica_id, "control plane stopped");
+    served.map_err(|error| ServeError::Transport(error.to_string()))
+}
+
+/// Why a replica could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("registry: {0}")]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error("listener: {0}")]
+    Io(std::io::Error),
+    #[error("grpc transport: {0}")]
+    Transport(String),
+}

@@ -1,0 +1,263 @@
+//! `WorkspaceService`: the public API. Sessions and records are handled in
+//! [`super::sessions`]; exec and file calls are validated here, then forwarded to the node
+//! holding the workspace through the [`Router`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_proto::convert::exec_spec_from_proto;
+use berth_proto::v1::workspace_service_server::WorkspaceService;
+use berth_proto::v1::{self, write_file_request::Msg as WriteMsg};
+use berth_workspace::{RelPath, WorkspaceId};
+use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::sessions::Sessions;
+use crate::error::ControlPlaneError;
+use crate::node_client::node_request;
+use crate::router::Router;
+
+/// Extra time a node call gets past the exec's own timeout, so the node's timed-out answer
+/// (not a transport deadline) reaches the client.
+const EXEC_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
+
+pub struct WorkspaceApi {
+    router: Arc<Router>,
+    sessions: Sessions,
+    node_call_timeout: Duration,
+}
+
+impl WorkspaceApi {
+    pub fn new(router: Arc<Router>) -> Self {
+        let node_call_timeout = router.binder().config.node_call_timeout;
+        Self { sessions: Sessions::new(Arc::clone(&router)), router, node_call_timeout }
+    }
+}
+
+fn workspace_id(value: &str) -> Result<WorkspaceId, Status> {
+    Ok(WorkspaceId::new(value).map_err(ControlPlaneError::from)?)
+}
+
+fn check_path(path: &str) -> Result<(), Status> {
+    RelPath::parse(path).map_err(ControlPlaneError::from)?;
+    Ok(())
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl WorkspaceService for WorkspaceApi {
+    async fn create_session(
+        &self,
+        request: Request<v1::CreateSessionRequest>,
+    ) -> Result<Response<v1::Session>, Status> {
+        Ok(Response::new(self.sessions.create(request.into_inner()).await?))
+    }
+
+    async fn get_session(&self, request: Request<v1::GetSessionRequest>) -> Result<Response<v1::Session>, Status> {
+        Ok(Response::new(self.sessions.get(&request.into_inner().session_id).await?))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<v1::CloseSessionRequest>,
+    ) -> Result<Response<v1::CloseSessionResponse>, Status> {
+        Ok(Response::new(self.sessions.close(&request.into_inner().session_id).await?))
+    }
+
+    async fn get_workspace(
+        &self,
+        request: Request<v1::GetWorkspaceRequest>,
+    ) -> Result<Response<v1::Workspace>, Status> {
+        let id = workspace_id(&request.into_inner().workspace_id)?;
+        Ok(Response::new(self.sessions.get_workspace(&id).await?))
+    }
+
+    async fn list_workspaces(
+        &self,
+        request: Request<v1::ListWorkspacesRequest>,
+    ) -> Result<Response<v1::ListWorkspacesResponse>, Status> {
+        Ok(Response::new(self.sessions.list_workspaces(request.get_ref())?))
+    }
+
+    async fn close_workspace(
+        &self,
+        request: Request<v1::CloseWorkspaceRequest>,
+    ) -> Result<Response<v1::CloseWorkspaceResponse>, Status> {
+        let request = request.into_inner();
+        let id = workspace_id(&request.workspace_id)?;
+        Ok(Response::new(self.sessions.close_workspace(&id, request.destroy).await?))
+    }
+
+    async fn exec(&self, request: Request<v1::ExecRequest>) -> Result<Response<v1::ExecResult>, Status> {
+        let message = request.into_inner();
+        let id = workspace_id(&message.workspace_id)?;
+        let spec = exec_spec_from_proto(&message).map_err(ControlPlaneError::from)?;
+        let deadline = spec.timeout + EXEC_DEADLINE_MARGIN;
+        let result = self
+            .router
+            .call(&id, |target| {
+                let message = message.clone();
+                let mut client = target.client.clone();
+                async move { client.exec(node_request(message, target.generation(), deadline)).await }
+            })
+            .await?;
+        Ok(Response::new(result.into_inner()))
+    }
+
+    type ExecStreamStream = BoxStream<v1::ExecChunk>;
+
+    async fn exec_stream(&self, request: Request<v1::ExecRequest>) -> Result<Response<Self::ExecStreamStream>, Status> {
+        let message = request.into_inner();
+        let id = workspace_id(&message.workspace_id)?;
+        let spec = exec_spec_from_proto(&message).map_err(ControlPlaneError::from)?;
+        let deadline = spec.timeout + EXEC_DEADLINE_MARGIN;
+        let response = self
+            .router
+            .call(&id, |target| {
+                let message = message.clone();
+                let mut client = target.client.clone();
+                async move { client.exec_stream(node_request(message, target.generation(), deadline)).await }
+            })
+            .await?;
+        Ok(Response::new(Box::pin(response.into_inner())))
+    }
+
+    type ReadFileStream = BoxStream<v1::FileChunk>;
+
+    async fn read_file(&self, request: Request<v1::ReadFileRequest>) -> Result<Response<Self::ReadFileStream>, Status> {
+        let message = request.into_inner();
+        let id = workspace_id(&message.workspace_id)?;
+        check_path(&message.path)?;
+        // Streams can be long: no overall deadline, the transport's keep-alive notices a
+        // dead node.
+        let response = self
+            .router
+            .call(&id, |target| {
+                let message = message.clone();
+                let mut client = target.client.clone();
+                async move {
+                    let mut request = tonic::Request::new(message);
+                    if let Ok(value) = target.generation().to_string().parse() {
+                        request.metadata_mut().insert(berth_proto::meta::GENERATION, value);
+                    }
+                    client.read_file(request).await
+                }
+            })
+            .await?;
+        Ok(Response::new(Box::pin(response.into_inner())))
+    }
+
+    async fn write_file(
+        &self,
+        request: Request<Streaming<v1::WriteFileRequest>>,
+    ) -> Result<Response<v1::WriteFileResponse>, Status> {
+        let mut inbound = request.into_inner();
+        let header = match inbound.message().await? {
+            Some(v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) }) => header,
+            _ => return Err(Status::invalid_argument("the first WriteFile message must be a header")),
+        };
+        let id = workspace_id(&header.workspace_id)?;
+        check_path(&header.path)?;
+        // The stream can be consumed once, so there is no retry: resolve first, then pipe.
+        let target = self.router.target(&id).await?;
+        let mut client = target.client.clone();
+        let (chunks, outbound) = mpsc::channel::<v1::WriteFileRequest>(8);
+        let (abort, aborted) = oneshot::channel::<Status>();
+        // The node must see a client failure as a reset, never as a clean end of stream (it
+        // would commit a truncated file), so a broken inbound stream drops the node call.
+        let pump = tokio::spawn(async move {
+            if chunks.send(v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) }).await.is_err() {
+                return;
+            }
+            loop {
+                match inbound.message().await {
+                    Ok(Some(message)) => {
+                        if chunks.send(message).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(status) => {
+                        let _ = abort.send(status);
+                        return;
+                    }
+                }
+            }
+        });
+        let mut request = tonic::Request::new(ReceiverStream::new(outbound));
+        if let Ok(value) = target.generation().to_string().parse() {
+            request.metadata_mut().insert(berth_proto::meta::GENERATION, value);
+        }
+        let outcome = tokio::select! {
+            response = client.write_file(request) => response,
+            Ok(status) = aborted => Err(Status::aborted(format!("client stream failed: {}", status.message()))),
+        };
+        pump.abort();
+        Ok(Response::new(outcome?.into_inner()))
+    }
+
+    async fn stat(&self, request: Request<v1::StatRequest>) -> Result<Response<v1::FileInfo>, Status> {
+        let message = request.into_inner();
+        let id = workspace_id(&message.workspace_id)?;
+        check_path(&message.path)?;
+        let timeout = self.node_call_timeout;
+        let response = self
+            .router
+            .call(&id, |target| {
+                let message = message.clone();
+                let mut client = target.client.clone();
+                async move { client.stat(node_request(message, target.generation(), timeout)).await }
+            })
+            .await?;
+        Ok(response)
+    }
+
+    async fn list_dir(&self, request: Request<v1::ListDirRequest>) -> Result<Response<v1::ListDirResponse>, Status> {
+        let message = request.into_inner();
+        let id = workspace_id(&message.workspace_id)?;
+        check_path(&message.path)?;
+        let timeout = self.node_call_timeout;
+        self.router
+            .call(&id, |target| {
+                let message = message.clone();
+                let mut client = target.client.clone();
+                async move { client.list_dir(node_request(message, target.generation(), timeout)).await }
+            })
+            .await
+    }
+
+    async fn remove_path(
+        &self,
+        request: Request<v1::RemovePathRequest>,
+    ) -> Result<Response<v1::RemovePathResponse>, Status> {
+        let message = request.into_inner();
+        let id = workspace_id(&message.workspace_id)?;
+        check_path(&message.path)?;
+        let timeout = self.node_call_timeout;
+        self.router
+            .call(&id, |target| {
+                let message = message.clone();
+                let mut client = target.client.clone();
+                async move { client.remove_path(node_request(message, target.generation(), timeout)).await }
+            })
+            .await
+    }
+
+    async fn make_dir(&self, request: Request<v1::MakeDirRequest>) -> Result<Response<v1::MakeDirResponse>, Status> {
+        let message = request.into_inner();
+        let id = workspace_id(&message.workspace_id)?;
+        check_path(&message.path)?;
+        let timeout = self.node_call_timeout;
+        self.router
+            .call(&id, |target| {
+                let message = message.clone();
+                let mut client = target.client.clone();
+                async move { client.make_dir(node_request(message, target.generation(), timeout)).await }
+            })
+            .await
+    }
+}
