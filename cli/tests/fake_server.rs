@@ -617,3 +617,62 @@ async fn session_create_json_is_one_object() {
     assert_eq!(json["agent_id"], "a1");
     assert_eq!(json["created_at"], "2023-11-14T22:13:20Z");
 }
+
+/// The real binary: main's exit-status mapping and the one `error:` line on stderr.
+async fn run_binary(address: SocketAddr, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .arg("--endpoint")
+        .arg(format!("http://{address}"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("spawn the berth binary")
+}
+
+#[tokio::test]
+async fn binary_exits_with_the_command_status() {
+    let address = start(Fake::new()).await;
+    let exited = run_binary(address, &["exec", "ws-1", "--", "exit", "7"]).await;
+    assert_eq!(exited.status.code(), Some(7));
+    assert_eq!(exited.stdout, b"out\n");
+    let timed_out = run_binary(address, &["exec", "ws-1", "--", "sleep"]).await;
+    assert_eq!(timed_out.status.code(), Some(124));
+    let missing = run_binary(address, &["exec", "ws-missing", "--", "true"]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr),
+        "error: exec on ws-missing: not found: workspace ws-missing not found\n"
+    );
+}
+
+#[tokio::test]
+async fn binary_stops_quietly_when_its_reader_goes_away() {
+    use tokio::io::AsyncReadExt;
+
+    let fake = Fake::new();
+    fake.state()
+        .files
+        .insert("big".into(), vec![b'x'; 4 * 1024 * 1024]);
+    let address = start(fake).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .arg("--endpoint")
+        .arg(format!("http://{address}"))
+        .args(["fs", "read", "ws-1", "big"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the berth binary");
+    // Read a little, then close the pipe like `| head -c 10` would.
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut first = [0_u8; 10];
+    stdout.read_exact(&mut first).await.expect("first bytes");
+    drop(stdout);
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("berth did not exit within 30s after its reader left")
+        .expect("wait for berth");
+    assert_eq!(output.status.code(), Some(141));
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "");
+}
