@@ -27,8 +27,7 @@ pub struct Connection {
 
 impl Connection {
     pub fn workspace(&self) -> WorkspaceServiceClient<Channel> {
-        WorkspaceServiceClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+        WorkspaceServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
     pub fn admin(&self) -> AdminServiceClient<Channel> {
@@ -46,21 +45,14 @@ pub async fn connect(endpoint: &str) -> anyhow::Result<Connection> {
         .tcp_nodelay(true);
     match target.connect().await {
         Ok(channel) => Ok(Connection { channel }),
-        Err(error) => Err(anyhow::anyhow!(
-            "connect to {uri}: {}",
-            describe_connect_error(&error)
-        )),
+        Err(error) => Err(anyhow::anyhow!("connect to {uri}: {}", describe_connect_error(&error))),
     }
 }
 
 /// Accepts `host:port` as a shorthand for `http://host:port`.
 pub fn normalize_endpoint(endpoint: &str) -> String {
     let trimmed = endpoint.trim();
-    if trimmed.contains("://") {
-        trimmed.to_string()
-    } else {
-        format!("http://{trimmed}")
-    }
+    if trimmed.contains("://") { trimmed.to_string() } else { format!("http://{trimmed}") }
 }
 
 /// The root cause of a failed connect in words, with a hint when nothing listens there.
@@ -77,10 +69,7 @@ fn describe_connect_error(error: &(dyn std::error::Error + 'static)) -> String {
                         .to_string();
                 }
                 std::io::ErrorKind::TimedOut => {
-                    return format!(
-                        "no answer within {}",
-                        humantime::format_duration(CONNECT_TIMEOUT)
-                    );
+                    return format!("no answer within {}", humantime::format_duration(CONNECT_TIMEOUT));
                 }
                 _ => {}
             }
@@ -90,10 +79,7 @@ fn describe_connect_error(error: &(dyn std::error::Error + 'static)) -> String {
     }
     // hyper's connect timeout is not an io::Error; its message is the best we have.
     if innermost.to_ascii_lowercase().contains("timed out") {
-        return format!(
-            "no answer within {}",
-            humantime::format_duration(CONNECT_TIMEOUT)
-        );
+        return format!("no answer within {}", humantime::format_duration(CONNECT_TIMEOUT));
     }
     innermost
 }
@@ -115,21 +101,14 @@ impl From<Status> for RpcError {
                 message: "no answer before the client's deadline".to_string(),
             };
         }
-        RpcError {
-            code: status.code(),
-            message: status.message().to_string(),
-        }
+        RpcError { code: status.code(), message: status.message().to_string() }
     }
 }
 
 impl fmt::Display for RpcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let words = code_words(self.code);
-        if self.message.is_empty() {
-            f.write_str(words)
-        } else {
-            write!(f, "{words}: {}", self.message)
-        }
+        if self.message.is_empty() { f.write_str(words) } else { write!(f, "{words}: {}", self.message) }
     }
 }
 
@@ -165,9 +144,7 @@ pub trait RpcResultExt<T> {
 
 impl<T> RpcResultExt<T> for Result<T, Status> {
     fn rpc_context<D: fmt::Display>(self, what: impl FnOnce() -> D) -> anyhow::Result<T> {
-        self.map_err(|status| {
-            anyhow::Error::new(RpcError::from(status)).context(what().to_string())
-        })
+        self.map_err(|status| anyhow::Error::new(RpcError::from(status)).context(what().to_string()))
     }
 }
 
@@ -179,10 +156,7 @@ mod tests {
     fn status_is_code_words_and_message() {
         let result: Result<(), Status> = Err(Status::not_found("workspace ws-123 not found"));
         let error = result.rpc_context(|| "exec on ws-123").unwrap_err();
-        assert_eq!(
-            format!("{error:#}"),
-            "exec on ws-123: not found: workspace ws-123 not found"
-        );
+        assert_eq!(format!("{error:#}"), "exec on ws-123: not found: workspace ws-123 not found");
     }
 
     #[test]
@@ -199,10 +173,7 @@ mod tests {
 
     #[test]
     fn bare_host_port_gets_http_scheme() {
-        assert_eq!(
-            normalize_endpoint("127.0.0.1:7070"),
-            "http://127.0.0.1:7070"
-        );
+        assert_eq!(normalize_endpoint("127.0.0.1:7070"), "http://127.0.0.1:7070");
         assert_eq!(normalize_endpoint("https://berth:443"), "https://berth:443");
     }
 

@@ -14,9 +14,7 @@ pub fn to_system_time(timestamp: &prost_types::Timestamp) -> Option<SystemTime> 
     if !(0..=MAX_FORMATTABLE_SECONDS).contains(&timestamp.seconds) {
         return None;
     }
-    let nanos = u32::try_from(timestamp.nanos)
-        .ok()
-        .filter(|nanos| *nanos < 1_000_000_000)?;
+    let nanos = u32::try_from(timestamp.nanos).ok().filter(|nanos| *nanos < 1_000_000_000)?;
     let seconds = u64::try_from(timestamp.seconds).ok()?;
     UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
 }
@@ -27,10 +25,7 @@ pub fn to_system_time(timestamp: &prost_types::Timestamp) -> Option<SystemTime> 
 pub fn rfc3339(timestamp: &prost_types::Timestamp) -> String {
     match to_system_time(timestamp) {
         Some(time) => humantime::format_rfc3339(time).to_string(),
-        None => format!(
-            "invalid timestamp ({}s {}ns)",
-            timestamp.seconds, timestamp.nanos
-        ),
+        None => format!("invalid timestamp ({}s {}ns)", timestamp.seconds, timestamp.nanos),
     }
 }
 
@@ -77,11 +72,7 @@ pub fn mode_octal(mode: u32) -> String {
 
 /// `PREFIX_SOME_NAME` -> `some-name`: the short lowercase form of a proto enum name.
 fn short_name(full_name: &str, prefix: &str) -> String {
-    full_name
-        .strip_prefix(prefix)
-        .unwrap_or(full_name)
-        .to_ascii_lowercase()
-        .replace('_', "-")
+    full_name.strip_prefix(prefix).unwrap_or(full_name).to_ascii_lowercase().replace('_', "-")
 }
 
 /// Names an enum value the server sent that this CLI does not know yet (newer server).
@@ -90,31 +81,21 @@ fn unknown(value: i32) -> String {
 }
 
 pub fn policy_name(value: i32) -> String {
-    IsolationPolicy::try_from(value).map_or_else(
-        |_| unknown(value),
-        |policy| short_name(policy.as_str_name(), "ISOLATION_POLICY_"),
-    )
+    IsolationPolicy::try_from(value)
+        .map_or_else(|_| unknown(value), |policy| short_name(policy.as_str_name(), "ISOLATION_POLICY_"))
 }
 
 pub fn workspace_state_name(value: i32) -> String {
-    WorkspaceState::try_from(value).map_or_else(
-        |_| unknown(value),
-        |state| short_name(state.as_str_name(), "WORKSPACE_STATE_"),
-    )
+    WorkspaceState::try_from(value)
+        .map_or_else(|_| unknown(value), |state| short_name(state.as_str_name(), "WORKSPACE_STATE_"))
 }
 
 pub fn file_kind_name(value: i32) -> String {
-    FileKind::try_from(value).map_or_else(
-        |_| unknown(value),
-        |kind| short_name(kind.as_str_name(), "FILE_KIND_"),
-    )
+    FileKind::try_from(value).map_or_else(|_| unknown(value), |kind| short_name(kind.as_str_name(), "FILE_KIND_"))
 }
 
 pub fn node_state_name(value: i32) -> String {
-    NodeState::try_from(value).map_or_else(
-        |_| unknown(value),
-        |state| short_name(state.as_str_name(), "NODE_STATE_"),
-    )
+    NodeState::try_from(value).map_or_else(|_| unknown(value), |state| short_name(state.as_str_name(), "NODE_STATE_"))
 }
 
 #[cfg(test)]
@@ -128,14 +109,8 @@ mod tests {
     #[test]
     fn timestamps_are_rfc3339_utc() {
         assert_eq!(rfc3339(&timestamp(0, 0)), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            rfc3339(&timestamp(1_700_000_000, 500_000_000)),
-            "2023-11-14T22:13:20.500000000Z"
-        );
-        assert_eq!(
-            rfc3339_seconds_cell(Some(&timestamp(1_700_000_000, 500_000_000))),
-            "2023-11-14T22:13:20Z"
-        );
+        assert_eq!(rfc3339(&timestamp(1_700_000_000, 500_000_000)), "2023-11-14T22:13:20.500000000Z");
+        assert_eq!(rfc3339_seconds_cell(Some(&timestamp(1_700_000_000, 500_000_000))), "2023-11-14T22:13:20Z");
         assert_eq!(rfc3339_seconds_cell(None), "-");
         assert_eq!(rfc3339_opt(None), None);
     }
@@ -152,10 +127,7 @@ mod tests {
             assert!(rfc3339(&bad).starts_with("invalid timestamp"), "{bad:?}");
             assert!(age(Some(&bad), SystemTime::now()).starts_with("invalid"));
         }
-        assert_eq!(
-            rfc3339(&timestamp(MAX_FORMATTABLE_SECONDS, 999_999_999)),
-            "9999-12-31T23:59:59.999999999Z"
-        );
+        assert_eq!(rfc3339(&timestamp(MAX_FORMATTABLE_SECONDS, 999_999_999)), "9999-12-31T23:59:59.999999999Z");
     }
 
     #[test]
@@ -176,15 +148,9 @@ mod tests {
     #[test]
     fn enums_print_short_lowercase_names() {
         assert_eq!(policy_name(IsolationPolicy::PerAgent as i32), "per-agent");
-        assert_eq!(
-            policy_name(IsolationPolicy::PerSession as i32),
-            "per-session"
-        );
+        assert_eq!(policy_name(IsolationPolicy::PerSession as i32), "per-session");
         assert_eq!(workspace_state_name(WorkspaceState::Ready as i32), "ready");
-        assert_eq!(
-            workspace_state_name(WorkspaceState::Unspecified as i32),
-            "unspecified"
-        );
+        assert_eq!(workspace_state_name(WorkspaceState::Unspecified as i32), "unspecified");
         assert_eq!(file_kind_name(FileKind::File as i32), "file");
         assert_eq!(file_kind_name(FileKind::Directory as i32), "directory");
         assert_eq!(node_state_name(NodeState::Draining as i32), "draining");

@@ -57,26 +57,19 @@ impl Io<'_> {
 
     /// Writes all of `bytes` to stderr.
     pub async fn write_stderr(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        self.stderr
-            .write_all(bytes)
-            .await
-            .map_err(|error| anyhow::anyhow!("write to stderr: {error}"))
+        self.stderr.write_all(bytes).await.map_err(|error| anyhow::anyhow!("write to stderr: {error}"))
     }
 
     /// Prints `warning: <message>` on stderr; for facts the user must notice but that do
     /// not make the command fail (e.g. truncated output).
     pub async fn warn(&mut self, message: &str) -> anyhow::Result<()> {
-        self.write_stderr(format!("warning: {message}\n").as_bytes())
-            .await
+        self.write_stderr(format!("warning: {message}\n").as_bytes()).await
     }
 
     /// Flushes stdout and stderr; tokio's standard streams buffer internally.
     pub async fn flush(&mut self) -> anyhow::Result<()> {
         self.flush_stdout().await?;
-        self.stderr
-            .flush()
-            .await
-            .map_err(|error| anyhow::anyhow!("write to stderr: {error}"))
+        self.stderr.flush().await.map_err(|error| anyhow::anyhow!("write to stderr: {error}"))
     }
 }
 
@@ -91,11 +84,7 @@ mod tests {
     struct ClosedPipe;
 
     impl AsyncWrite for ClosedPipe {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            _: &[u8],
-        ) -> Poll<std::io::Result<usize>> {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<std::io::Result<usize>> {
             Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
         }
         fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -110,19 +99,9 @@ mod tests {
     async fn closed_stdout_is_recognised_through_context() {
         let mut stdout = ClosedPipe;
         let mut stderr = Vec::new();
-        let mut io = Io {
-            stdin: &mut tokio::io::empty(),
-            stdout: &mut stdout,
-            stderr: &mut stderr,
-        };
-        let error = io
-            .write_stdout(b"x")
-            .await
-            .unwrap_err()
-            .context("read ws:f");
+        let mut io = Io { stdin: &mut tokio::io::empty(), stdout: &mut stdout, stderr: &mut stderr };
+        let error = io.write_stdout(b"x").await.unwrap_err().context("read ws:f");
         assert!(is_stdout_closed(&error));
-        assert!(!is_stdout_closed(&anyhow::anyhow!(
-            "write to stdout: disk full"
-        )));
+        assert!(!is_stdout_closed(&anyhow::anyhow!("write to stdout: disk full")));
     }
 }

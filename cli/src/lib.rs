@@ -83,11 +83,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let mut stdin = tokio::io::stdin();
     let mut stdout = tokio::io::stdout();
     let mut stderr = tokio::io::stderr();
-    let io = Io {
-        stdin: &mut stdin,
-        stdout: &mut stdout,
-        stderr: &mut stderr,
-    };
+    let io = Io { stdin: &mut stdin, stdout: &mut stdout, stderr: &mut stderr };
     run_with_io(cli, io).await
 }
 
@@ -119,12 +115,7 @@ async fn dispatch(cli: Cli, io: &mut Io<'_>) -> anyhow::Result<i32> {
 /// the context chain joined by `: `, with any embedded newlines folded so a multi-line
 /// server message cannot break the one-line contract.
 pub fn error_line(error: &anyhow::Error) -> String {
-    format!("{error:#}")
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
+    format!("{error:#}").lines().map(str::trim).filter(|line| !line.is_empty()).collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -139,11 +130,8 @@ mod tests {
 
     #[test]
     fn global_flags_go_before_or_after_the_subcommand() {
-        let before =
-            Cli::try_parse_from(["berth", "-o", "json", "--endpoint", "h:1", "ws", "list"])
-                .unwrap();
-        let after = Cli::try_parse_from(["berth", "ws", "list", "--endpoint", "h:1", "-o", "json"])
-            .unwrap();
+        let before = Cli::try_parse_from(["berth", "-o", "json", "--endpoint", "h:1", "ws", "list"]).unwrap();
+        let after = Cli::try_parse_from(["berth", "ws", "list", "--endpoint", "h:1", "-o", "json"]).unwrap();
         for cli in [before, after] {
             assert_eq!(cli.global.output, OutputFormat::Json);
             assert_eq!(cli.global.endpoint, "h:1");

@@ -12,18 +12,13 @@ fn main() -> ExitCode {
     let cli = berth::Cli::parse();
     init_tracing(cli.command.default_log_level());
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return report(&anyhow::anyhow!("start async runtime: {error}")),
     };
     match runtime.block_on(berth::run(cli)) {
         Ok(code) => exit_code(code),
-        Err(error) if berth::io::is_stdout_closed(&error) => {
-            exit_code(berth::io::EXIT_STDOUT_CLOSED)
-        }
+        Err(error) if berth::io::is_stdout_closed(&error) => exit_code(berth::io::EXIT_STDOUT_CLOSED),
         Err(error) => report(&error),
     }
 }
@@ -31,8 +26,7 @@ fn main() -> ExitCode {
 /// Logs go to stderr so stdout carries only command output; colours only on a terminal.
 /// `RUST_LOG` overrides the default level.
 fn init_tracing(default_level: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     // try_init: a subscriber that cannot be installed is no reason to fail the command.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -46,11 +46,7 @@ struct Fake {
 
 impl Fake {
     fn new() -> Self {
-        Fake {
-            state: Arc::default(),
-            uploads_ended: watch::channel(0).0,
-            chunks_received: watch::channel(0).0,
-        }
+        Fake { state: Arc::default(), uploads_ended: watch::channel(0).0, chunks_received: watch::channel(0).0 }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
@@ -69,9 +65,7 @@ impl Drop for EndGuard {
 
 fn check_workspace(workspace_id: &str) -> Result<(), Status> {
     if workspace_id == "ws-missing" {
-        return Err(Status::not_found(format!(
-            "workspace {workspace_id} not found"
-        )));
+        return Err(Status::not_found(format!("workspace {workspace_id} not found")));
     }
     Ok(())
 }
@@ -80,19 +74,9 @@ fn check_workspace(workspace_id: &str) -> Result<(), Status> {
 fn scripted_exec(request: &Request<ExecRequest>) -> ExecResult {
     let exec = request.get_ref();
     let program = exec.argv.first().map(String::as_str).unwrap_or_default();
-    let mut result = ExecResult {
-        stdout: b"out\n".to_vec(),
-        stderr: b"err\n".to_vec(),
-        ..ExecResult::default()
-    };
+    let mut result = ExecResult { stdout: b"out\n".to_vec(), stderr: b"err\n".to_vec(), ..ExecResult::default() };
     match program {
-        "exit" => {
-            result.exit_code = exec
-                .argv
-                .get(1)
-                .and_then(|code| code.parse().ok())
-                .unwrap_or(0)
-        }
+        "exit" => result.exit_code = exec.argv.get(1).and_then(|code| code.parse().ok()).unwrap_or(0),
         "sleep" => {
             result.exit_code = -1;
             result.timed_out = true;
@@ -106,10 +90,7 @@ fn scripted_exec(request: &Request<ExecRequest>) -> ExecResult {
         "cat" => result.stdout = exec.stdin.clone(),
         "binary" => result.stdout = (0..=255).collect(),
         "deadline" => {
-            let header = request
-                .metadata()
-                .get("grpc-timeout")
-                .and_then(|value| value.to_str().ok());
+            let header = request.metadata().get("grpc-timeout").and_then(|value| value.to_str().ok());
             result.stdout = header.unwrap_or("none").as_bytes().to_vec();
             result.stderr = exec.timeout_ms.to_string().into_bytes();
         }
@@ -130,11 +111,7 @@ impl WorkspaceService for Fake {
 
     async fn exec_stream(&self, request: Request<ExecRequest>) -> Reply<Self::ExecStreamStream> {
         check_workspace(&request.get_ref().workspace_id)?;
-        let exit = ExecResult {
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            ..scripted_exec(&request)
-        };
+        let exit = ExecResult { stdout: Vec::new(), stderr: Vec::new(), ..scripted_exec(&request) };
         let chunk = |kind| Ok(ExecChunk { kind: Some(kind) });
         let chunks = vec![
             chunk(exec_chunk::Kind::Stdout(b"one ".to_vec())),
@@ -145,22 +122,15 @@ impl WorkspaceService for Fake {
         Ok(Response::new(tokio_stream::iter(chunks)))
     }
 
-    async fn write_file(
-        &self,
-        request: Request<Streaming<WriteFileRequest>>,
-    ) -> Reply<WriteFileResponse> {
+    async fn write_file(&self, request: Request<Streaming<WriteFileRequest>>) -> Reply<WriteFileResponse> {
         // Counted in a guard, so tests can wait for the end however it comes: return,
         // error, or hyper dropping this future.
         let _end = EndGuard(self.uploads_ended.clone());
         let mut stream = request.into_inner();
         let header = match stream.message().await? {
-            Some(WriteFileRequest {
-                msg: Some(write_file_request::Msg::Header(header)),
-            }) => header,
+            Some(WriteFileRequest { msg: Some(write_file_request::Msg::Header(header)) }) => header,
             _ => {
-                return Err(Status::invalid_argument(
-                    "first WriteFile message must be the header",
-                ));
+                return Err(Status::invalid_argument("first WriteFile message must be the header"));
             }
         };
         check_workspace(&header.workspace_id)?;
@@ -187,21 +157,11 @@ impl WorkspaceService for Fake {
         let Some(data) = self.state().files.get(&read.path).cloned() else {
             return Err(Status::not_found(format!("{} does not exist", read.path)));
         };
-        let chunks: Vec<_> = data
-            .chunks(FAKE_READ_CHUNK)
-            .map(|chunk| {
-                Ok(FileChunk {
-                    data: chunk.to_vec(),
-                })
-            })
-            .collect();
+        let chunks: Vec<_> = data.chunks(FAKE_READ_CHUNK).map(|chunk| Ok(FileChunk { data: chunk.to_vec() })).collect();
         Ok(Response::new(tokio_stream::iter(chunks)))
     }
 
-    async fn list_workspaces(
-        &self,
-        request: Request<ListWorkspacesRequest>,
-    ) -> Reply<ListWorkspacesResponse> {
+    async fn list_workspaces(&self, request: Request<ListWorkspacesRequest>) -> Reply<ListWorkspacesResponse> {
         // Five workspaces in pages of two; the token is the index of the next one.
         let start: usize = request.get_ref().page_token.parse().unwrap_or(0);
         let end = (start + 2).min(5);
@@ -212,15 +172,8 @@ impl WorkspaceService for Fake {
                 ..Workspace::default()
             })
             .collect();
-        let next_page_token = if end < 5 {
-            end.to_string()
-        } else {
-            String::new()
-        };
-        Ok(Response::new(ListWorkspacesResponse {
-            workspaces,
-            next_page_token,
-        }))
+        let next_page_token = if end < 5 { end.to_string() } else { String::new() };
+        Ok(Response::new(ListWorkspacesResponse { workspaces, next_page_token }))
     }
 
     async fn create_session(&self, request: Request<CreateSessionRequest>) -> Reply<Session> {
@@ -230,10 +183,7 @@ impl WorkspaceService for Fake {
             workspace_id: "ws-abc".into(),
             user_id: create.user_id,
             agent_id: create.agent_id,
-            created_at: Some(prost_types::Timestamp {
-                seconds: 1_700_000_000,
-                nanos: 0,
-            }),
+            created_at: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 0 }),
         }))
     }
 
@@ -246,10 +196,7 @@ impl WorkspaceService for Fake {
     async fn get_workspace(&self, _: Request<GetWorkspaceRequest>) -> Reply<Workspace> {
         Err(Status::unimplemented("not in the fake"))
     }
-    async fn close_workspace(
-        &self,
-        _: Request<CloseWorkspaceRequest>,
-    ) -> Reply<CloseWorkspaceResponse> {
+    async fn close_workspace(&self, _: Request<CloseWorkspaceRequest>) -> Reply<CloseWorkspaceResponse> {
         Err(Status::unimplemented("not in the fake"))
     }
     async fn stat(&self, _: Request<StatRequest>) -> Reply<FileInfo> {
@@ -268,9 +215,7 @@ impl WorkspaceService for Fake {
 
 /// Serves `fake` on an ephemeral loopback port for the rest of the test.
 async fn start(fake: Fake) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
     let address = listener.local_addr().expect("local address");
     tokio::spawn(
         tonic::transport::Server::builder()
@@ -291,10 +236,7 @@ impl Outcome {
     fn code(&self) -> i32 {
         match &self.result {
             Ok(code) => *code,
-            Err(error) => panic!(
-                "run failed: {error:#}; stderr: {}",
-                String::from_utf8_lossy(&self.stderr)
-            ),
+            Err(error) => panic!("run failed: {error:#}; stderr: {}", String::from_utf8_lossy(&self.stderr)),
         }
     }
 
@@ -306,29 +248,15 @@ impl Outcome {
     }
 }
 
-async fn run_cli_with_stdin(
-    address: SocketAddr,
-    args: &[&str],
-    stdin: &mut (dyn AsyncRead + Unpin + Send),
-) -> Outcome {
+async fn run_cli_with_stdin(address: SocketAddr, args: &[&str], stdin: &mut (dyn AsyncRead + Unpin + Send)) -> Outcome {
     let endpoint = format!("http://{address}");
-    let argv = ["berth", "--endpoint", endpoint.as_str()]
-        .into_iter()
-        .chain(args.iter().copied());
+    let argv = ["berth", "--endpoint", endpoint.as_str()].into_iter().chain(args.iter().copied());
     let cli = Cli::try_parse_from(argv).expect("arguments parse");
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
-    let io = Io {
-        stdin,
-        stdout: &mut stdout,
-        stderr: &mut stderr,
-    };
+    let io = Io { stdin, stdout: &mut stdout, stderr: &mut stderr };
     let result = berth::run_with_io(cli, io).await;
-    Outcome {
-        result,
-        stdout,
-        stderr,
-    }
+    Outcome { result, stdout, stderr }
 }
 
 async fn run_cli(address: SocketAddr, args: &[&str]) -> Outcome {
@@ -343,17 +271,10 @@ async fn exec_exit_codes_follow_the_command() {
     assert_eq!(exited.stdout, b"out\n");
     assert_eq!(exited.stderr, b"err\n");
 
-    let timed_out = run_cli(
-        address,
-        &["exec", "--timeout", "1s", "ws-1", "--", "sleep", "5"],
-    )
-    .await;
+    let timed_out = run_cli(address, &["exec", "--timeout", "1s", "ws-1", "--", "sleep", "5"]).await;
     assert_eq!(timed_out.code(), 124);
     let stderr = String::from_utf8_lossy(&timed_out.stderr);
-    assert!(
-        stderr.starts_with("err\n") && stderr.contains("warning: command timed out after 1s"),
-        "{stderr}"
-    );
+    assert!(stderr.starts_with("err\n") && stderr.contains("warning: command timed out after 1s"), "{stderr}");
 
     let killed = run_cli(address, &["exec", "ws-1", "--", "kill"]).await;
     assert_eq!(killed.code(), 137);
@@ -369,27 +290,18 @@ async fn exec_output_is_byte_exact_and_truncation_warns() {
     let truncated = run_cli(address, &["exec", "ws-1", "--", "truncate"]).await;
     assert_eq!(truncated.code(), 0);
     let stderr = String::from_utf8_lossy(&truncated.stderr);
-    assert!(
-        stderr.contains("warning: stdout of the command was truncated"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("warning: stdout of the command was truncated"), "{stderr}");
 }
 
 #[tokio::test]
 async fn exec_reads_stdin_only_when_asked() {
     let address = start(Fake::new()).await;
     let input = b"from stdin\n\x00\xff";
-    let piped = run_cli_with_stdin(
-        address,
-        &["exec", "--stdin", "ws-1", "--", "cat"],
-        &mut &input[..],
-    )
-    .await;
+    let piped = run_cli_with_stdin(address, &["exec", "--stdin", "ws-1", "--", "cat"], &mut &input[..]).await;
     assert_eq!(piped.code(), 0);
     assert_eq!(piped.stdout, input);
 
-    let ignored =
-        run_cli_with_stdin(address, &["exec", "ws-1", "--", "cat"], &mut &input[..]).await;
+    let ignored = run_cli_with_stdin(address, &["exec", "ws-1", "--", "cat"], &mut &input[..]).await;
     assert_eq!(ignored.code(), 0);
     assert!(ignored.stdout.is_empty());
 }
@@ -397,20 +309,12 @@ async fn exec_reads_stdin_only_when_asked() {
 #[tokio::test]
 async fn exec_deadline_is_longer_than_the_timeout() {
     let address = start(Fake::new()).await;
-    let outcome = run_cli(
-        address,
-        &["exec", "--timeout", "2s", "ws-1", "--", "deadline"],
-    )
-    .await;
+    let outcome = run_cli(address, &["exec", "--timeout", "2s", "ws-1", "--", "deadline"]).await;
     assert_eq!(outcome.code(), 0);
     assert_eq!(outcome.stderr, b"2000", "timeout_ms sent to the server");
     let header = String::from_utf8(outcome.stdout).expect("grpc-timeout is ascii");
-    let deadline =
-        parse_grpc_timeout(&header).unwrap_or_else(|| panic!("bad grpc-timeout {header:?}"));
-    assert!(
-        deadline > Duration::from_secs(2),
-        "deadline {deadline:?} must exceed the 2s timeout"
-    );
+    let deadline = parse_grpc_timeout(&header).unwrap_or_else(|| panic!("bad grpc-timeout {header:?}"));
+    assert!(deadline > Duration::from_secs(2), "deadline {deadline:?} must exceed the 2s timeout");
 }
 
 /// Parses the gRPC wire form of a deadline: digits then a unit letter.
@@ -441,10 +345,7 @@ async fn exec_stream_writes_chunks_in_order() {
 async fn rpc_errors_are_one_line_with_code_and_message() {
     let address = start(Fake::new()).await;
     let outcome = run_cli(address, &["exec", "ws-missing", "--", "true"]).await;
-    assert_eq!(
-        outcome.error_line(),
-        "exec on ws-missing: not found: workspace ws-missing not found"
-    );
+    assert_eq!(outcome.error_line(), "exec on ws-missing: not found: workspace ws-missing not found");
 }
 
 #[tokio::test]
@@ -455,10 +356,7 @@ async fn connection_refused_names_the_endpoint_and_berth_up() {
     drop(listener);
     let outcome = run_cli(address, &["ws", "list"]).await;
     let line = outcome.error_line();
-    assert!(
-        line.starts_with(&format!("connect to http://{address}: connection refused")),
-        "{line}"
-    );
+    assert!(line.starts_with(&format!("connect to http://{address}: connection refused")), "{line}");
     assert!(line.contains("berth up"), "{line}");
 }
 
@@ -467,38 +365,20 @@ async fn fs_write_streams_64k_chunks_and_read_returns_the_same_bytes() {
     let fake = Fake::new();
     let address = start(fake.clone()).await;
     // 200 KiB of a non-repeating pattern: three full chunks and a partial one.
-    let content: Vec<u8> = (0..200 * 1024_u32)
-        .map(|index| (index * 31 % 251) as u8)
-        .collect();
+    let content: Vec<u8> = (0..200 * 1024_u32).map(|index| (index * 31 % 251) as u8).collect();
 
-    let written = run_cli_with_stdin(
-        address,
-        &["fs", "write", "ws-1", "dir/blob.bin"],
-        &mut &content[..],
-    )
-    .await;
+    let written = run_cli_with_stdin(address, &["fs", "write", "ws-1", "dir/blob.bin"], &mut &content[..]).await;
     assert_eq!(written.code(), 0);
-    assert_eq!(
-        String::from_utf8_lossy(&written.stdout),
-        "wrote 204800 bytes to ws-1:dir/blob.bin\n"
-    );
+    assert_eq!(String::from_utf8_lossy(&written.stdout), "wrote 204800 bytes to ws-1:dir/blob.bin\n");
     {
         let state = fake.state();
         assert_eq!(state.files.get("dir/blob.bin"), Some(&content));
-        assert_eq!(
-            state.upload_chunks["dir/blob.bin"],
-            [65536, 65536, 65536, 8192]
-        );
+        assert_eq!(state.upload_chunks["dir/blob.bin"], [65536, 65536, 65536, 8192]);
     }
 
     let read = run_cli(address, &["fs", "read", "ws-1", "dir/blob.bin"]).await;
     assert_eq!(read.code(), 0);
-    assert!(
-        read.stdout == content,
-        "read back {} bytes, expected {}",
-        read.stdout.len(),
-        content.len()
-    );
+    assert!(read.stdout == content, "read back {} bytes, expected {}", read.stdout.len(), content.len());
 }
 
 #[tokio::test]
@@ -555,32 +435,20 @@ async fn fs_write_with_a_failing_stdin_commits_nothing() {
         }),
     };
     let outcome = run_cli_with_stdin(address, &["fs", "write", "ws-1", "half"], &mut stdin).await;
-    assert_eq!(
-        outcome.error_line(),
-        "write ws-1:half: read stdin: pipe broke"
-    );
+    assert_eq!(outcome.error_line(), "write ws-1:half: read stdin: pipe broke");
     // Wait until the handler is over, whichever way it ended, then check it kept nothing.
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        uploads_ended.wait_for(|count| *count == 1),
-    )
-    .await
-    .expect("the fake's WriteFile handler did not end within 10s")
-    .expect("fake server gone");
-    assert!(
-        !fake.state().files.contains_key("half"),
-        "a partial upload was committed"
-    );
+    tokio::time::timeout(Duration::from_secs(10), uploads_ended.wait_for(|count| *count == 1))
+        .await
+        .expect("the fake's WriteFile handler did not end within 10s")
+        .expect("fake server gone");
+    assert!(!fake.state().files.contains_key("half"), "a partial upload was committed");
 }
 
 #[tokio::test]
 async fn fs_read_of_a_missing_file_is_an_error() {
     let address = start(Fake::new()).await;
     let outcome = run_cli(address, &["fs", "read", "ws-1", "nope"]).await;
-    assert_eq!(
-        outcome.error_line(),
-        "read ws-1:nope: not found: nope does not exist"
-    );
+    assert_eq!(outcome.error_line(), "read ws-1:nope: not found: nope does not exist");
 }
 
 #[tokio::test]
@@ -602,13 +470,7 @@ async fn ws_list_follows_every_page() {
 #[tokio::test]
 async fn session_create_json_is_one_object() {
     let address = start(Fake::new()).await;
-    let outcome = run_cli(
-        address,
-        &[
-            "session", "create", "--user", "u1", "--agent", "a1", "-o", "json",
-        ],
-    )
-    .await;
+    let outcome = run_cli(address, &["session", "create", "--user", "u1", "--agent", "a1", "-o", "json"]).await;
     assert_eq!(outcome.code(), 0);
     let json: serde_json::Value = serde_json::from_slice(&outcome.stdout).expect("one json object");
     assert_eq!(json["session_id"], "sess-1");
@@ -651,9 +513,7 @@ async fn binary_stops_quietly_when_its_reader_goes_away() {
     use tokio::io::AsyncReadExt;
 
     let fake = Fake::new();
-    fake.state()
-        .files
-        .insert("big".into(), vec![b'x'; 4 * 1024 * 1024]);
+    fake.state().files.insert("big".into(), vec![b'x'; 4 * 1024 * 1024]);
     let address = start(fake).await;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
         .arg("--endpoint")

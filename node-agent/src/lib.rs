@@ -1,1 +1,15 @@
-//! placeholder
+//! Berth node agent: hosts local / bubblewrap / Docker workspaces under a data directory,
+//! serves `NodeAgentService` to replicas and heartbeats to the control plane.
+//!
+//! Entry point: [`server::serve`].
+
+pub mod config;
+pub mod drivers;
+pub mod fence;
+pub mod heartbeat;
+pub mod server;
+pub mod service;
+pub mod state;
+
+pub use config::NodeAgentConfig;
+pub use server::{ServeError, serve};

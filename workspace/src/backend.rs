@@ -61,24 +61,16 @@ pub struct SpawnSpec {
 
 impl SpawnSpec {
     pub fn new(argv: Vec<String>) -> Self {
-        Self {
-            argv,
-            cwd: RelPath::root(),
-            env: BTreeMap::new(),
-        }
+        Self { argv, cwd: RelPath::root(), env: BTreeMap::new() }
     }
 
     /// Checks argv and env against the limits; every backend calls this before spawning.
     pub fn validate(&self) -> Result<()> {
         let Some(program) = self.argv.first() else {
-            return Err(WorkspaceError::InvalidArgument(
-                "argv must not be empty".into(),
-            ));
+            return Err(WorkspaceError::InvalidArgument("argv must not be empty".into()));
         };
         if program.is_empty() {
-            return Err(WorkspaceError::InvalidArgument(
-                "argv[0] must not be empty".into(),
-            ));
+            return Err(WorkspaceError::InvalidArgument("argv[0] must not be empty".into()));
         }
         if self.argv.len() > MAX_ARGV_ENTRIES {
             return Err(WorkspaceError::LimitExceeded {
@@ -96,9 +88,7 @@ impl SpawnSpec {
             });
         }
         if self.argv.iter().any(|arg| arg.contains('\0')) {
-            return Err(WorkspaceError::InvalidArgument(
-                "argv contains a NUL byte".into(),
-            ));
+            return Err(WorkspaceError::InvalidArgument("argv contains a NUL byte".into()));
         }
         validate_env(&self.env)
     }
@@ -214,10 +204,7 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        Self {
-            mode: 0o644,
-            max_bytes: u64::MAX,
-        }
+        Self { mode: 0o644, max_bytes: u64::MAX }
     }
 }
 
@@ -266,12 +253,7 @@ pub trait Backend: Send + Sync {
     async fn read_file(&self, path: &RelPath) -> Result<ByteStream>;
 
     /// Writes a file from a chunk stream, atomically; returns the bytes written.
-    async fn write_file(
-        &self,
-        path: &RelPath,
-        data: ByteStream,
-        options: WriteOptions,
-    ) -> Result<u64>;
+    async fn write_file(&self, path: &RelPath, data: ByteStream, options: WriteOptions) -> Result<u64>;
 
     // ---- derived operations -------------------------------------------------------------
 
@@ -337,14 +319,6 @@ pub trait Backend: Send + Sync {
     /// Writes a whole buffer atomically.
     async fn write_bytes(&self, path: &RelPath, data: Bytes, mode: u32) -> Result<u64> {
         let stream = futures::stream::once(async move { Ok(data) }).boxed();
-        self.write_file(
-            path,
-            stream,
-            WriteOptions {
-                mode,
-                ..WriteOptions::default()
-            },
-        )
-        .await
+        self.write_file(path, stream, WriteOptions { mode, ..WriteOptions::default() }).await
     }
 }

@@ -32,19 +32,11 @@ pub enum WorkspaceError {
 
     /// An identifier (workspace, session, user, agent, node, MCP server, skill…) is malformed.
     #[error("invalid {kind} {value:?}: {reason}")]
-    InvalidId {
-        kind: &'static str,
-        value: String,
-        reason: &'static str,
-    },
+    InvalidId { kind: &'static str, value: String, reason: &'static str },
 
     /// A bounded input is over its limit; `limit` names which one.
     #[error("{limit} exceeded: {size} > {max}")]
-    LimitExceeded {
-        limit: &'static str,
-        size: u64,
-        max: u64,
-    },
+    LimitExceeded { limit: &'static str, size: u64, max: u64 },
 
     /// The request itself is malformed (empty argv, bad env name, …).
     #[error("invalid argument: {0}")]
@@ -60,10 +52,7 @@ pub enum WorkspaceError {
 
     /// The backend cannot run (missing binary, daemon down, image missing…).
     #[error("backend {backend} unavailable: {reason}")]
-    BackendUnavailable {
-        backend: &'static str,
-        reason: String,
-    },
+    BackendUnavailable { backend: &'static str, reason: String },
 
     /// The named backend does not exist on this node.
     #[error("unknown backend {name:?} (this node offers: {offered})")]
@@ -71,10 +60,7 @@ pub enum WorkspaceError {
 
     /// An operation ran out of its deadline (not an exec timeout: that is a result).
     #[error("{operation} timed out after {millis} ms")]
-    Timeout {
-        operation: &'static str,
-        millis: u64,
-    },
+    Timeout { operation: &'static str, millis: u64 },
 
     /// A file on disk that Berth owns (state, config) is not what it should be.
     #[error("corrupt {what}: {reason}")]
@@ -91,10 +77,7 @@ pub enum WorkspaceError {
 
     /// Failure inside a backend that has no better variant (docker API error…).
     #[error("{backend}: {message}")]
-    Backend {
-        backend: &'static str,
-        message: String,
-    },
+    Backend { backend: &'static str, message: String },
 }
 
 pub type Result<T, E = WorkspaceError> = std::result::Result<T, E>;
@@ -105,38 +88,18 @@ impl WorkspaceError {
     pub fn from_io(op: &'static str, path: &str, source: io::Error) -> Self {
         use io::ErrorKind as K;
         match source.kind() {
-            K::NotFound => Self::NotFound {
-                path: path.to_owned(),
-            },
-            K::AlreadyExists => Self::AlreadyExists {
-                path: path.to_owned(),
-            },
-            K::IsADirectory => Self::IsADirectory {
-                path: path.to_owned(),
-            },
-            K::NotADirectory => Self::NotADirectory {
-                path: path.to_owned(),
-            },
-            K::DirectoryNotEmpty => Self::DirectoryNotEmpty {
-                path: path.to_owned(),
-            },
+            K::NotFound => Self::NotFound { path: path.to_owned() },
+            K::AlreadyExists => Self::AlreadyExists { path: path.to_owned() },
+            K::IsADirectory => Self::IsADirectory { path: path.to_owned() },
+            K::NotADirectory => Self::NotADirectory { path: path.to_owned() },
+            K::DirectoryNotEmpty => Self::DirectoryNotEmpty { path: path.to_owned() },
             // cap-std reports "a path led outside of the filesystem" as PermissionDenied; a
             // symlink loop (ELOOP) while resolving is also a refusal to follow, not a disk fault.
-            K::PermissionDenied if is_escape_message(&source) => Self::PathEscapesRoot {
-                path: path.to_owned(),
-            },
-            _ if source.raw_os_error() == Some(nix::libc::ELOOP)
-                || source.raw_os_error() == Some(nix::libc::EXDEV) =>
-            {
-                Self::PathEscapesRoot {
-                    path: path.to_owned(),
-                }
+            K::PermissionDenied if is_escape_message(&source) => Self::PathEscapesRoot { path: path.to_owned() },
+            _ if source.raw_os_error() == Some(nix::libc::ELOOP) || source.raw_os_error() == Some(nix::libc::EXDEV) => {
+                Self::PathEscapesRoot { path: path.to_owned() }
             }
-            _ => Self::Io {
-                op,
-                path: path.to_owned(),
-                source,
-            },
+            _ => Self::Io { op, path: path.to_owned(), source },
         }
     }
 

@@ -9,11 +9,7 @@ pub const MAX_ID_BYTES: usize = 128;
 /// Checks an identifier: 1 to [`MAX_ID_BYTES`] bytes of `[A-Za-z0-9._@:-]`, not starting
 /// with `.` or `-` (so it is safe as a file name, an etcd key segment and a CLI argument).
 pub fn validate_id(kind: &'static str, value: &str) -> Result<()> {
-    let invalid = |reason| WorkspaceError::InvalidId {
-        kind,
-        value: truncate(value),
-        reason,
-    };
+    let invalid = |reason| WorkspaceError::InvalidId { kind, value: truncate(value), reason };
     if value.is_empty() {
         return Err(invalid("must not be empty"));
     }
@@ -23,8 +19,7 @@ pub fn validate_id(kind: &'static str, value: &str) -> Result<()> {
     if value.starts_with('.') || value.starts_with('-') {
         return Err(invalid("must not start with '.' or '-'"));
     }
-    let allowed =
-        |byte: u8| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-' | b'@' | b':');
+    let allowed = |byte: u8| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-' | b'@' | b':');
     if !value.bytes().all(allowed) {
         return Err(invalid("allowed characters are A-Z a-z 0-9 . _ - @ :"));
     }
@@ -36,9 +31,7 @@ fn truncate(value: &str) -> String {
 }
 
 /// A workspace id (validated).
-#[derive(
-    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct WorkspaceId(String);
 
@@ -82,16 +75,7 @@ mod tests {
         for good in ["ws-abc", "alice@example.com", "a", "node:1", "A_b.c"] {
             validate_id("id", good).unwrap();
         }
-        for bad in [
-            "",
-            ".hidden",
-            "-flag",
-            "a/b",
-            "a b",
-            "é",
-            "a\0",
-            &"x".repeat(129),
-        ] {
+        for bad in ["", ".hidden", "-flag", "a/b", "a b", "é", "a\0", &"x".repeat(129)] {
             assert!(validate_id("id", bad).is_err(), "{bad:?} accepted");
         }
     }

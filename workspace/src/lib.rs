@@ -16,8 +16,8 @@ pub mod posix;
 pub mod spec;
 
 pub use backend::{
-    Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind,
-    ProcessControl, SpawnSpec, Spawned, WriteOptions,
+    Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind, ProcessControl,
+    SpawnSpec, Spawned, WriteOptions,
 };
 pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
 pub use error::{Result, WorkspaceError};

@@ -86,11 +86,7 @@ impl RelPath {
 
     /// Absolute form inside a sandbox whose root is mounted at `mount` (e.g. `/workspace`).
     pub fn under(&self, mount: &str) -> String {
-        if self.0.is_empty() {
-            mount.to_owned()
-        } else {
-            format!("{mount}/{}", self.0)
-        }
+        if self.0.is_empty() { mount.to_owned() } else { format!("{mount}/{}", self.0) }
     }
 }
 
@@ -114,17 +110,12 @@ impl fmt::Display for RelPath {
 /// [`MAX_PATH_BYTES`] or deeper than [`MAX_PATH_DEPTH`] (`LimitExceeded`). Empty components
 /// and `.` are dropped, so `a//./b/` is `a/b` and `""` is the root.
 pub fn join_path(base: &RelPath, child: &str) -> Result<RelPath> {
-    let invalid = |reason| WorkspaceError::InvalidPath {
-        path: child.to_owned(),
-        reason,
-    };
+    let invalid = |reason| WorkspaceError::InvalidPath { path: child.to_owned(), reason };
     if child.contains('\0') {
         return Err(invalid("contains a NUL byte"));
     }
     if child.starts_with('/') {
-        return Err(invalid(
-            "absolute paths are not allowed; paths are relative to the workspace root",
-        ));
+        return Err(invalid("absolute paths are not allowed; paths are relative to the workspace root"));
     }
     if child.len() > MAX_PATH_BYTES {
         return Err(WorkspaceError::LimitExceeded {
@@ -176,53 +167,24 @@ mod tests {
         assert_eq!(RelPath::parse("a//./b/").unwrap().as_str(), "a/b");
         assert!(RelPath::parse("").unwrap().is_root());
         assert!(RelPath::parse("./").unwrap().is_root());
-        assert_eq!(
-            RelPath::parse("a/b").unwrap().parent().unwrap().as_str(),
-            "a"
-        );
+        assert_eq!(RelPath::parse("a/b").unwrap().parent().unwrap().as_str(), "a");
         assert_eq!(RelPath::parse("a/b").unwrap().file_name(), Some("b"));
-        assert_eq!(
-            RelPath::parse("a").unwrap().under("/workspace"),
-            "/workspace/a"
-        );
+        assert_eq!(RelPath::parse("a").unwrap().under("/workspace"), "/workspace/a");
     }
 
     #[test]
     fn refuses_escapes() {
-        for bad in [
-            "..",
-            "a/../../b",
-            "a/../b",
-            "/etc/passwd",
-            "a\0b",
-            "../",
-            "./..",
-        ] {
-            assert!(
-                matches!(RelPath::parse(bad), Err(WorkspaceError::InvalidPath { .. })),
-                "{bad:?} was accepted"
-            );
+        for bad in ["..", "a/../../b", "a/../b", "/etc/passwd", "a\0b", "../", "./.."] {
+            assert!(matches!(RelPath::parse(bad), Err(WorkspaceError::InvalidPath { .. })), "{bad:?} was accepted");
         }
     }
 
     #[test]
     fn enforces_limits() {
         let deep = vec!["d"; MAX_PATH_DEPTH + 1].join("/");
-        assert!(matches!(
-            RelPath::parse(&deep),
-            Err(WorkspaceError::LimitExceeded {
-                limit: "path depth",
-                ..
-            })
-        ));
+        assert!(matches!(RelPath::parse(&deep), Err(WorkspaceError::LimitExceeded { limit: "path depth", .. })));
         let long = "x".repeat(MAX_PATH_BYTES + 1);
-        assert!(matches!(
-            RelPath::parse(&long),
-            Err(WorkspaceError::LimitExceeded {
-                limit: "path length",
-                ..
-            })
-        ));
+        assert!(matches!(RelPath::parse(&long), Err(WorkspaceError::LimitExceeded { limit: "path length", .. })));
         assert!(RelPath::parse(&"y".repeat(256)).is_err());
     }
 }

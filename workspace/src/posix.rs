@@ -9,17 +9,9 @@ pub async fn stat<B: Backend + ?Sized>(_backend: &B, _path: &RelPath) -> Result<
 pub async fn list_dir<B: Backend + ?Sized>(_backend: &B, _path: &RelPath) -> Result<Vec<FileInfo>> {
     unimplemented!()
 }
-pub async fn remove<B: Backend + ?Sized>(
-    _backend: &B,
-    _path: &RelPath,
-    _recursive: bool,
-) -> Result<bool> {
+pub async fn remove<B: Backend + ?Sized>(_backend: &B, _path: &RelPath, _recursive: bool) -> Result<bool> {
     unimplemented!()
 }
-pub async fn mkdir<B: Backend + ?Sized>(
-    _backend: &B,
-    _path: &RelPath,
-    _parents: bool,
-) -> Result<()> {
+pub async fn mkdir<B: Backend + ?Sized>(_backend: &B, _path: &RelPath, _parents: bool) -> Result<()> {
     unimplemented!()
 }

@@ -47,13 +47,9 @@ impl WorkspaceSpec {
             }
         }
         if let Some(image) = &self.image {
-            let ok = !image.is_empty()
-                && image.len() <= 256
-                && image.bytes().all(|byte| byte.is_ascii_graphic());
+            let ok = !image.is_empty() && image.len() <= 256 && image.bytes().all(|byte| byte.is_ascii_graphic());
             if !ok {
-                return Err(WorkspaceError::InvalidArgument(format!(
-                    "image reference {image:?} is not valid"
-                )));
+                return Err(WorkspaceError::InvalidArgument(format!("image reference {image:?} is not valid")));
             }
         }
         Ok(())
@@ -71,27 +67,20 @@ pub fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
     }
     let mut total = 0usize;
     for (name, value) in env {
-        let valid_name = name.bytes().enumerate().all(|(index, byte)| {
-            byte == b'_' || byte.is_ascii_alphabetic() || (index > 0 && byte.is_ascii_digit())
-        }) && !name.is_empty();
+        let valid_name =
+            name.bytes().enumerate().all(|(index, byte)| {
+                byte == b'_' || byte.is_ascii_alphabetic() || (index > 0 && byte.is_ascii_digit())
+            }) && !name.is_empty();
         if !valid_name {
-            return Err(WorkspaceError::InvalidArgument(format!(
-                "env name {name:?} is not valid"
-            )));
+            return Err(WorkspaceError::InvalidArgument(format!("env name {name:?} is not valid")));
         }
         if value.contains('\0') {
-            return Err(WorkspaceError::InvalidArgument(format!(
-                "env value of {name} contains a NUL byte"
-            )));
+            return Err(WorkspaceError::InvalidArgument(format!("env value of {name} contains a NUL byte")));
         }
         total += name.len() + value.len();
     }
     if total > MAX_ENV_BYTES {
-        return Err(WorkspaceError::LimitExceeded {
-            limit: "env size",
-            size: total as u64,
-            max: MAX_ENV_BYTES as u64,
-        });
+        return Err(WorkspaceError::LimitExceeded { limit: "env size", size: total as u64, max: MAX_ENV_BYTES as u64 });
     }
     Ok(())
 }

@@ -102,10 +102,7 @@ pub async fn run(args: ExecArgs, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow
     let mut exec_request = args.to_request();
     if args.stdin {
         let mut input = Vec::new();
-        io.stdin
-            .read_to_end(&mut input)
-            .await
-            .map_err(|error| anyhow::anyhow!("read stdin: {error}"))?;
+        io.stdin.read_to_end(&mut input).await.map_err(|error| anyhow::anyhow!("read stdin: {error}"))?;
         exec_request.stdin = input;
     }
     let mut request = tonic::Request::new(exec_request);
@@ -116,11 +113,7 @@ pub async fn run(args: ExecArgs, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow
     let what = || format!("exec on {}", args.workspace);
 
     let result = if args.stream {
-        let mut stream = client
-            .exec_stream(request)
-            .await
-            .rpc_context(what)?
-            .into_inner();
+        let mut stream = client.exec_stream(request).await.rpc_context(what)?.into_inner();
         let mut exit = None;
         while let Some(chunk) = stream.message().await.rpc_context(what)? {
             match chunk.kind {
@@ -152,15 +145,8 @@ pub async fn run(args: ExecArgs, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow
 
 /// Warns about what the exit code alone does not say: output was cut, or the command
 /// was killed at its timeout.
-async fn report_abnormal_end(
-    io: &mut Io<'_>,
-    args: &ExecArgs,
-    result: &ExecResult,
-) -> anyhow::Result<()> {
-    for (stream_name, truncated) in [
-        ("stdout", result.stdout_truncated),
-        ("stderr", result.stderr_truncated),
-    ] {
+async fn report_abnormal_end(io: &mut Io<'_>, args: &ExecArgs, result: &ExecResult) -> anyhow::Result<()> {
+    for (stream_name, truncated) in [("stdout", result.stdout_truncated), ("stderr", result.stderr_truncated)] {
         if truncated {
             io.warn(&format!(
                 "{stream_name} of the command was truncated by the server; raise --max-output to see more"
@@ -169,11 +155,8 @@ async fn report_abnormal_end(
         }
     }
     if result.timed_out {
-        io.warn(&format!(
-            "command timed out after {} and was killed",
-            humantime::format_duration(args.timeout)
-        ))
-        .await?;
+        io.warn(&format!("command timed out after {} and was killed", humantime::format_duration(args.timeout)))
+            .await?;
     }
     Ok(())
 }
@@ -248,10 +231,7 @@ mod tests {
 
     #[test]
     fn deadline_exceeds_the_exec_timeout() {
-        assert_eq!(
-            rpc_deadline(Duration::from_secs(1)),
-            Some(Duration::from_secs(11))
-        );
+        assert_eq!(rpc_deadline(Duration::from_secs(1)), Some(Duration::from_secs(11)));
         assert_eq!(rpc_deadline(Duration::ZERO), None);
         assert_eq!(rpc_deadline(Duration::MAX), Some(Duration::MAX));
     }
@@ -265,33 +245,17 @@ mod tests {
 
     #[test]
     fn exit_codes_follow_shell_conventions() {
-        let exited = |exit_code| ExecResult {
-            exit_code,
-            ..ExecResult::default()
-        };
+        let exited = |exit_code| ExecResult { exit_code, ..ExecResult::default() };
         assert_eq!(exit_code_of(&exited(0)), 0);
         assert_eq!(exit_code_of(&exited(7)), 7);
         assert_eq!(exit_code_of(&exited(255)), 255);
         assert_eq!(exit_code_of(&exited(-1)), 1);
         assert_eq!(exit_code_of(&exited(256)), 1);
-        let timed_out = ExecResult {
-            exit_code: -1,
-            timed_out: true,
-            signal: 9,
-            ..ExecResult::default()
-        };
+        let timed_out = ExecResult { exit_code: -1, timed_out: true, signal: 9, ..ExecResult::default() };
         assert_eq!(exit_code_of(&timed_out), 124);
-        let killed = ExecResult {
-            exit_code: -1,
-            signal: 9,
-            ..ExecResult::default()
-        };
+        let killed = ExecResult { exit_code: -1, signal: 9, ..ExecResult::default() };
         assert_eq!(exit_code_of(&killed), 137);
-        let odd_signal = ExecResult {
-            exit_code: -1,
-            signal: 200,
-            ..ExecResult::default()
-        };
+        let odd_signal = ExecResult { exit_code: -1, signal: 200, ..ExecResult::default() };
         assert_eq!(exit_code_of(&odd_signal), 255);
     }
 }

@@ -6,8 +6,7 @@
 mod upload;
 
 use berth_proto::v1::{
-    FileInfo, ListDirRequest, MakeDirRequest, ReadFileRequest, RemovePathRequest, StatRequest,
-    WriteFileHeader,
+    FileInfo, ListDirRequest, MakeDirRequest, ReadFileRequest, RemovePathRequest, StatRequest, WriteFileHeader,
 };
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -81,9 +80,7 @@ pub fn parse_octal_mode(text: &str) -> Result<u32, String> {
     let digits = text.strip_prefix("0o").unwrap_or(text);
     match u32::from_str_radix(digits, 8) {
         Ok(mode) if mode <= 0o7777 => Ok(mode),
-        _ => Err(format!(
-            "expected octal permission bits like 644, got {text:?}"
-        )),
+        _ => Err(format!("expected octal permission bits like 644, got {text:?}")),
     }
 }
 
@@ -113,11 +110,7 @@ impl From<&FileInfo> for FileInfoView {
 }
 
 /// One row per file; the last column is `name` for listings and `path` for stat.
-pub fn file_table(
-    entries: &[FileInfo],
-    last_column: &str,
-    last: impl Fn(&FileInfo) -> String,
-) -> Table {
+pub fn file_table(entries: &[FileInfo], last_column: &str, last: impl Fn(&FileInfo) -> String) -> Table {
     let mut table = Table::new(["KIND", "SIZE", "MODE", "MODIFIED", last_column]).align_right(1);
     for info in entries {
         table.push_row(vec![
@@ -144,53 +137,29 @@ pub async fn run(command: FsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
                 .await
                 .map_err(|error| error.context(format!("write {}", args.target.display())))?;
             let json = serde_json::json!({ "path": args.target.path, "bytes_written": response.bytes_written });
-            let message = format!(
-                "wrote {} bytes to {}",
-                response.bytes_written,
-                args.target.display()
-            );
+            let message = format!("wrote {} bytes to {}", response.bytes_written, args.target.display());
             emit_message(io, global.output, &json, &message).await?;
         }
         FsCommand::Read(target) => {
-            let request = ReadFileRequest {
-                workspace_id: target.workspace.clone(),
-                path: target.path.clone(),
-                chunk_size: 0,
-            };
+            let request =
+                ReadFileRequest { workspace_id: target.workspace.clone(), path: target.path.clone(), chunk_size: 0 };
             let what = || format!("read {}", target.display());
-            let mut stream = client
-                .read_file(request)
-                .await
-                .rpc_context(what)?
-                .into_inner();
+            let mut stream = client.read_file(request).await.rpc_context(what)?.into_inner();
             while let Some(chunk) = stream.message().await.rpc_context(what)? {
                 io.write_stdout(&chunk.data).await?;
             }
         }
         FsCommand::Ls { workspace, path } => {
-            let request = ListDirRequest {
-                workspace_id: workspace.clone(),
-                path: path.clone(),
-            };
-            let mut entries = client
-                .list_dir(request)
-                .await
-                .rpc_context(|| format!("list {workspace}:{path}"))?
-                .into_inner()
-                .entries;
+            let request = ListDirRequest { workspace_id: workspace.clone(), path: path.clone() };
+            let mut entries =
+                client.list_dir(request).await.rpc_context(|| format!("list {workspace}:{path}"))?.into_inner().entries;
             entries.sort_by(|left, right| left.name.cmp(&right.name));
             let views: Vec<FileInfoView> = entries.iter().map(FileInfoView::from).collect();
-            emit(io, global.output, &views, || {
-                file_table(&entries, "NAME", |info| info.name.clone())
-            })
-            .await?;
+            emit(io, global.output, &views, || file_table(&entries, "NAME", |info| info.name.clone())).await?;
         }
         FsCommand::Rm { recursive, target } => {
-            let request = RemovePathRequest {
-                workspace_id: target.workspace.clone(),
-                path: target.path.clone(),
-                recursive,
-            };
+            let request =
+                RemovePathRequest { workspace_id: target.workspace.clone(), path: target.path.clone(), recursive };
             let existed = client
                 .remove_path(request)
                 .await
@@ -206,40 +175,18 @@ pub async fn run(command: FsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
             emit_message(io, global.output, &json, &message).await?;
         }
         FsCommand::Stat(target) => {
-            let request = StatRequest {
-                workspace_id: target.workspace.clone(),
-                path: target.path.clone(),
-            };
-            let info = client
-                .stat(request)
-                .await
-                .rpc_context(|| format!("stat {}", target.display()))?
-                .into_inner();
+            let request = StatRequest { workspace_id: target.workspace.clone(), path: target.path.clone() };
+            let info = client.stat(request).await.rpc_context(|| format!("stat {}", target.display()))?.into_inner();
             emit(io, global.output, &FileInfoView::from(&info), || {
-                file_table(std::slice::from_ref(&info), "PATH", |info| {
-                    info.path.clone()
-                })
+                file_table(std::slice::from_ref(&info), "PATH", |info| info.path.clone())
             })
             .await?;
         }
         FsCommand::Mkdir { parents, target } => {
-            let request = MakeDirRequest {
-                workspace_id: target.workspace.clone(),
-                path: target.path.clone(),
-                parents,
-            };
-            client
-                .make_dir(request)
-                .await
-                .rpc_context(|| format!("mkdir {}", target.display()))?;
+            let request = MakeDirRequest { workspace_id: target.workspace.clone(), path: target.path.clone(), parents };
+            client.make_dir(request).await.rpc_context(|| format!("mkdir {}", target.display()))?;
             let json = serde_json::json!({ "path": target.path, "created": true });
-            emit_message(
-                io,
-                global.output,
-                &json,
-                &format!("created directory {}", target.display()),
-            )
-            .await?;
+            emit_message(io, global.output, &json, &format!("created directory {}", target.display())).await?;
         }
     }
     Ok(0)
@@ -262,49 +209,18 @@ mod tests {
 
     #[test]
     fn every_fs_command_parses() {
-        assert!(matches!(
-            parse_fs(&["write", "ws", "a/b.txt"]),
-            Ok(FsCommand::Write(WriteArgs { mode: None, .. }))
-        ));
+        assert!(matches!(parse_fs(&["write", "ws", "a/b.txt"]), Ok(FsCommand::Write(WriteArgs { mode: None, .. }))));
         assert!(matches!(
             parse_fs(&["write", "--mode", "755", "ws", "run.sh"]),
-            Ok(FsCommand::Write(WriteArgs {
-                mode: Some(0o755),
-                ..
-            }))
+            Ok(FsCommand::Write(WriteArgs { mode: Some(0o755), .. }))
         ));
-        assert!(matches!(
-            parse_fs(&["read", "ws", "a"]),
-            Ok(FsCommand::Read(PathArgs { .. }))
-        ));
-        assert!(
-            matches!(parse_fs(&["ls", "ws"]), Ok(FsCommand::Ls { path, .. }) if path.is_empty())
-        );
-        assert!(
-            matches!(parse_fs(&["ls", "ws", "src"]), Ok(FsCommand::Ls { path, .. }) if path == "src")
-        );
-        assert!(matches!(
-            parse_fs(&["rm", "-r", "ws", "d"]),
-            Ok(FsCommand::Rm {
-                recursive: true,
-                ..
-            })
-        ));
-        assert!(matches!(
-            parse_fs(&["rm", "ws", "f"]),
-            Ok(FsCommand::Rm {
-                recursive: false,
-                ..
-            })
-        ));
-        assert!(matches!(
-            parse_fs(&["stat", "ws", "f"]),
-            Ok(FsCommand::Stat(_))
-        ));
-        assert!(matches!(
-            parse_fs(&["mkdir", "-p", "ws", "a/b"]),
-            Ok(FsCommand::Mkdir { parents: true, .. })
-        ));
+        assert!(matches!(parse_fs(&["read", "ws", "a"]), Ok(FsCommand::Read(PathArgs { .. }))));
+        assert!(matches!(parse_fs(&["ls", "ws"]), Ok(FsCommand::Ls { path, .. }) if path.is_empty()));
+        assert!(matches!(parse_fs(&["ls", "ws", "src"]), Ok(FsCommand::Ls { path, .. }) if path == "src"));
+        assert!(matches!(parse_fs(&["rm", "-r", "ws", "d"]), Ok(FsCommand::Rm { recursive: true, .. })));
+        assert!(matches!(parse_fs(&["rm", "ws", "f"]), Ok(FsCommand::Rm { recursive: false, .. })));
+        assert!(matches!(parse_fs(&["stat", "ws", "f"]), Ok(FsCommand::Stat(_))));
+        assert!(matches!(parse_fs(&["mkdir", "-p", "ws", "a/b"]), Ok(FsCommand::Mkdir { parents: true, .. })));
         assert!(parse_fs(&["read", "ws"]).is_err());
     }
 
@@ -325,10 +241,7 @@ mod tests {
             kind: berth_proto::v1::FileKind::File as i32,
             size: 1234,
             mode: 0o100644,
-            modified: Some(prost_types::Timestamp {
-                seconds: 1_700_000_000,
-                nanos: 0,
-            }),
+            modified: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 0 }),
         }];
         let text = file_table(&entries, "NAME", |info| info.name.clone()).render();
         assert_eq!(

@@ -70,15 +70,7 @@ impl From<&NodeInfo> for NodeView {
 
 /// Ages are relative to `now`, a parameter so tests do not depend on the clock.
 pub fn nodes_table(nodes: &[NodeInfo], now: SystemTime) -> Table {
-    let mut table = Table::new([
-        "ID",
-        "ADDRESS",
-        "BACKENDS",
-        "WORKSPACES",
-        "LAST HEARTBEAT",
-        "STATE",
-    ])
-    .align_right(3);
+    let mut table = Table::new(["ID", "ADDRESS", "BACKENDS", "WORKSPACES", "LAST HEARTBEAT", "STATE"]).align_right(3);
     for node in nodes {
         table.push_row(vec![
             node.node_id.clone(),
@@ -92,26 +84,15 @@ pub fn nodes_table(nodes: &[NodeInfo], now: SystemTime) -> Table {
     table
 }
 
-pub async fn run(
-    command: NodesCommand,
-    global: &GlobalArgs,
-    io: &mut Io<'_>,
-) -> anyhow::Result<i32> {
+pub async fn run(command: NodesCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
     match command {
         NodesCommand::List => {
             let mut client = connect(&global.endpoint).await?.admin();
-            let mut nodes = client
-                .list_nodes(ListNodesRequest {})
-                .await
-                .rpc_context(|| "list nodes")?
-                .into_inner()
-                .nodes;
+            let mut nodes =
+                client.list_nodes(ListNodesRequest {}).await.rpc_context(|| "list nodes")?.into_inner().nodes;
             nodes.sort_by(|left, right| left.node_id.cmp(&right.node_id));
             let views: Vec<NodeView> = nodes.iter().map(NodeView::from).collect();
-            emit(io, global.output, &views, || {
-                nodes_table(&nodes, SystemTime::now())
-            })
-            .await?;
+            emit(io, global.output, &views, || nodes_table(&nodes, SystemTime::now())).await?;
         }
     }
     Ok(0)
@@ -141,10 +122,7 @@ mod tests {
             address: "10.0.0.1:7071".into(),
             backends: vec!["local".into(), "docker".into()],
             workspaces: 12,
-            last_heartbeat: Some(prost_types::Timestamp {
-                seconds: 998,
-                nanos: 0,
-            }),
+            last_heartbeat: Some(prost_types::Timestamp { seconds: 998, nanos: 0 }),
             state: berth_proto::v1::NodeState::Live as i32,
             ..NodeInfo::default()
         };

@@ -47,21 +47,8 @@ mod tests {
 
     #[test]
     fn server_subcommands_parse() {
-        assert!(matches!(
-            Cli::try_parse_from(["berth", "up"]).unwrap().command,
-            Command::Up(_)
-        ));
-        assert!(matches!(
-            Cli::try_parse_from(["berth", "control-plane"])
-                .unwrap()
-                .command,
-            Command::ControlPlane(_)
-        ));
-        assert!(matches!(
-            Cli::try_parse_from(["berth", "node-agent"])
-                .unwrap()
-                .command,
-            Command::NodeAgent(_)
-        ));
+        assert!(matches!(Cli::try_parse_from(["berth", "up"]).unwrap().command, Command::Up(_)));
+        assert!(matches!(Cli::try_parse_from(["berth", "control-plane"]).unwrap().command, Command::ControlPlane(_)));
+        assert!(matches!(Cli::try_parse_from(["berth", "node-agent"]).unwrap().command, Command::NodeAgent(_)));
     }
 }

@@ -1,8 +1,6 @@
 //! `berth session create | get | close`.
 
-use berth_proto::v1::{
-    CloseSessionRequest, CreateSessionRequest, GetSessionRequest, Session, WorkspaceSpec,
-};
+use berth_proto::v1::{CloseSessionRequest, CreateSessionRequest, GetSessionRequest, Session, WorkspaceSpec};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
@@ -113,54 +111,32 @@ fn session_table(session: &Session) -> Table {
     table
 }
 
-pub async fn run(
-    command: SessionCommand,
-    global: &GlobalArgs,
-    io: &mut Io<'_>,
-) -> anyhow::Result<i32> {
+pub async fn run(command: SessionCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
     let mut client = connect(&global.endpoint).await?.workspace();
     match command {
         SessionCommand::Create(args) => {
             let session = client
                 .create_session(args.to_request())
                 .await
-                .rpc_context(|| {
-                    format!("create session for user {} agent {}", args.user, args.agent)
-                })?
+                .rpc_context(|| format!("create session for user {} agent {}", args.user, args.agent))?
                 .into_inner();
-            emit(io, global.output, &SessionView::from(&session), || {
-                session_table(&session)
-            })
-            .await?;
+            emit(io, global.output, &SessionView::from(&session), || session_table(&session)).await?;
         }
         SessionCommand::Get { session } => {
             let found = client
-                .get_session(GetSessionRequest {
-                    session_id: session.clone(),
-                })
+                .get_session(GetSessionRequest { session_id: session.clone() })
                 .await
                 .rpc_context(|| format!("get session {session}"))?
                 .into_inner();
-            emit(io, global.output, &SessionView::from(&found), || {
-                session_table(&found)
-            })
-            .await?;
+            emit(io, global.output, &SessionView::from(&found), || session_table(&found)).await?;
         }
         SessionCommand::Close { session } => {
             client
-                .close_session(CloseSessionRequest {
-                    session_id: session.clone(),
-                })
+                .close_session(CloseSessionRequest { session_id: session.clone() })
                 .await
                 .rpc_context(|| format!("close session {session}"))?;
             let json = serde_json::json!({ "session_id": session, "closed": true });
-            emit_message(
-                io,
-                global.output,
-                &json,
-                &format!("closed session {session}"),
-            )
-            .await?;
+            emit_message(io, global.output, &json, &format!("closed session {session}")).await?;
         }
     }
     Ok(0)
@@ -208,10 +184,7 @@ mod tests {
             panic!("parsed as {:?}", cli.command);
         };
         let request = args.to_request();
-        assert_eq!(
-            (request.user_id.as_str(), request.agent_id.as_str()),
-            ("u1", "a1")
-        );
+        assert_eq!((request.user_id.as_str(), request.agent_id.as_str()), ("u1", "a1"));
         assert_eq!(request.session_id, "s1");
         assert_eq!(request.workspace_id, "");
         assert_eq!(request.backend, "docker");
@@ -225,18 +198,12 @@ mod tests {
     #[test]
     fn create_requires_user_and_agent() {
         let error = parse(&["session", "create", "--user", "u1"]).unwrap_err();
-        assert_eq!(
-            error.kind(),
-            clap::error::ErrorKind::MissingRequiredArgument
-        );
+        assert_eq!(error.kind(), clap::error::ErrorKind::MissingRequiredArgument);
     }
 
     #[test]
     fn malformed_env_is_a_usage_error() {
-        let error = parse(&[
-            "session", "create", "--user", "u", "--agent", "a", "--env", "A",
-        ])
-        .unwrap_err();
+        let error = parse(&["session", "create", "--user", "u", "--agent", "a", "--env", "A"]).unwrap_err();
         assert_eq!(error.kind(), clap::error::ErrorKind::ValueValidation);
         assert!(error.to_string().contains("expected KEY=VALUE"), "{error}");
         assert_eq!(error.exit_code(), 2);
@@ -245,13 +212,9 @@ mod tests {
     #[test]
     fn get_and_close_take_a_session_id() {
         let cli = parse(&["session", "get", "s1"]).unwrap();
-        assert!(
-            matches!(cli.command, Command::Session(SessionCommand::Get { session }) if session == "s1")
-        );
+        assert!(matches!(cli.command, Command::Session(SessionCommand::Get { session }) if session == "s1"));
         let cli = parse(&["session", "close", "s1"]).unwrap();
-        assert!(
-            matches!(cli.command, Command::Session(SessionCommand::Close { session }) if session == "s1")
-        );
+        assert!(matches!(cli.command, Command::Session(SessionCommand::Close { session }) if session == "s1"));
     }
 
     #[test]
@@ -261,10 +224,7 @@ mod tests {
             workspace_id: "ws-1".into(),
             user_id: "u1".into(),
             agent_id: "a1".into(),
-            created_at: Some(prost_types::Timestamp {
-                seconds: 1_700_000_000,
-                nanos: 0,
-            }),
+            created_at: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 0 }),
         };
         let json = serde_json::to_value(SessionView::from(&session)).unwrap();
         assert_eq!(json["created_at"], "2023-11-14T22:13:20Z");

@@ -2,9 +2,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use berth_proto::v1::{
-    CloseWorkspaceRequest, GetWorkspaceRequest, ListWorkspacesRequest, Workspace, WorkspaceSpec,
-};
+use berth_proto::v1::{CloseWorkspaceRequest, GetWorkspaceRequest, ListWorkspacesRequest, Workspace, WorkspaceSpec};
 use clap::Subcommand;
 use serde::Serialize;
 
@@ -113,24 +111,11 @@ impl From<&Workspace> for WorkspaceView {
 
 /// `-` for an empty cell, so columns never look shifted.
 fn cell(text: &str) -> String {
-    if text.is_empty() {
-        "-".to_string()
-    } else {
-        text.to_string()
-    }
+    if text.is_empty() { "-".to_string() } else { text.to_string() }
 }
 
 pub fn workspaces_table(workspaces: &[Workspace]) -> Table {
-    let mut table = Table::new([
-        "WORKSPACE",
-        "USER",
-        "AGENT",
-        "POLICY",
-        "BACKEND",
-        "STATE",
-        "NODE",
-        "CREATED",
-    ]);
+    let mut table = Table::new(["WORKSPACE", "USER", "AGENT", "POLICY", "BACKEND", "STATE", "NODE", "CREATED"]);
     for workspace in workspaces {
         table.push_row(vec![
             workspace.workspace_id.clone(),
@@ -159,14 +144,8 @@ fn workspace_detail_table(workspace: &Workspace) -> Table {
     field("state", view.state);
     field("node", cell(&view.node_id));
     field("generation", view.generation.to_string());
-    field(
-        "created",
-        rfc3339_seconds_cell(workspace.created_at.as_ref()),
-    );
-    field(
-        "updated",
-        rfc3339_seconds_cell(workspace.updated_at.as_ref()),
-    );
+    field("created", rfc3339_seconds_cell(workspace.created_at.as_ref()));
+    field("updated", rfc3339_seconds_cell(workspace.updated_at.as_ref()));
     if !view.failure.is_empty() {
         field("failure", view.failure);
     }
@@ -174,17 +153,11 @@ fn workspace_detail_table(workspace: &Workspace) -> Table {
         field("image", cell(&spec.image));
         field("network", spec.network.to_string());
         let joined = |map: &BTreeMap<String, String>| {
-            map.iter()
-                .map(|(key, value)| format!("{key}={value}"))
-                .collect::<Vec<_>>()
-                .join(",")
+            map.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",")
         };
         field("labels", cell(&joined(&spec.labels)));
         // Values of env may be secrets; the table names the keys, `-o json` has the values.
-        field(
-            "env",
-            cell(&spec.env.keys().cloned().collect::<Vec<_>>().join(",")),
-        );
+        field("env", cell(&spec.env.keys().cloned().collect::<Vec<_>>().join(",")));
     }
     table
 }
@@ -194,16 +167,11 @@ pub async fn run(command: WsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
     match command {
         WsCommand::Get { workspace } => {
             let found = client
-                .get_workspace(GetWorkspaceRequest {
-                    workspace_id: workspace.clone(),
-                })
+                .get_workspace(GetWorkspaceRequest { workspace_id: workspace.clone() })
                 .await
                 .rpc_context(|| format!("get workspace {workspace}"))?
                 .into_inner();
-            emit(io, global.output, &WorkspaceView::from(&found), || {
-                workspace_detail_table(&found)
-            })
-            .await?;
+            emit(io, global.output, &WorkspaceView::from(&found), || workspace_detail_table(&found)).await?;
         }
         WsCommand::List { user, agent } => {
             let mut workspaces = Vec::new();
@@ -217,20 +185,13 @@ pub async fn run(command: WsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
                     page_size: LIST_PAGE_SIZE,
                     page_token: page_token.clone(),
                 };
-                let page = client
-                    .list_workspaces(request)
-                    .await
-                    .rpc_context(|| "list workspaces")?
-                    .into_inner();
+                let page = client.list_workspaces(request).await.rpc_context(|| "list workspaces")?.into_inner();
                 workspaces.extend(page.workspaces);
                 if page.next_page_token.is_empty() {
                     break;
                 }
                 if !seen_tokens.insert(page.next_page_token.clone()) {
-                    anyhow::bail!(
-                        "list workspaces: server repeated page token {:?}",
-                        page.next_page_token
-                    );
+                    anyhow::bail!("list workspaces: server repeated page token {:?}", page.next_page_token);
                 }
                 page_token = page.next_page_token;
             }
@@ -239,10 +200,7 @@ pub async fn run(command: WsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
         }
         WsCommand::Close { destroy, workspace } => {
             client
-                .close_workspace(CloseWorkspaceRequest {
-                    workspace_id: workspace.clone(),
-                    destroy,
-                })
+                .close_workspace(CloseWorkspaceRequest { workspace_id: workspace.clone(), destroy })
                 .await
                 .rpc_context(|| format!("close workspace {workspace}"))?;
             let json = serde_json::json!({ "workspace_id": workspace, "closed": true, "destroyed": destroy });
@@ -274,28 +232,14 @@ mod tests {
 
     #[test]
     fn every_ws_command_parses() {
-        assert!(
-            matches!(parse_ws(&["get", "ws-1"]), Ok(WsCommand::Get { workspace }) if workspace == "ws-1")
-        );
-        assert!(matches!(
-            parse_ws(&["list"]),
-            Ok(WsCommand::List {
-                user: None,
-                agent: None
-            })
-        ));
+        assert!(matches!(parse_ws(&["get", "ws-1"]), Ok(WsCommand::Get { workspace }) if workspace == "ws-1"));
+        assert!(matches!(parse_ws(&["list"]), Ok(WsCommand::List { user: None, agent: None })));
         assert!(matches!(
             parse_ws(&["list", "--user", "u", "--agent", "a"]),
             Ok(WsCommand::List { user: Some(user), agent: Some(agent) }) if user == "u" && agent == "a"
         ));
-        assert!(matches!(
-            parse_ws(&["close", "--destroy", "ws-1"]),
-            Ok(WsCommand::Close { destroy: true, .. })
-        ));
-        assert!(matches!(
-            parse_ws(&["close", "ws-1"]),
-            Ok(WsCommand::Close { destroy: false, .. })
-        ));
+        assert!(matches!(parse_ws(&["close", "--destroy", "ws-1"]), Ok(WsCommand::Close { destroy: true, .. })));
+        assert!(matches!(parse_ws(&["close", "ws-1"]), Ok(WsCommand::Close { destroy: false, .. })));
         assert!(parse_ws(&["get"]).is_err());
     }
 
@@ -305,10 +249,7 @@ mod tests {
             workspace_id: "ws-1".into(),
             policy: berth_proto::v1::IsolationPolicy::PerAgent as i32,
             state: berth_proto::v1::WorkspaceState::Ready as i32,
-            created_at: Some(prost_types::Timestamp {
-                seconds: 0,
-                nanos: 0,
-            }),
+            created_at: Some(prost_types::Timestamp { seconds: 0, nanos: 0 }),
             ..Workspace::default()
         };
         let json = serde_json::to_value(WorkspaceView::from(&workspace)).unwrap();
@@ -320,15 +261,9 @@ mod tests {
 
     #[test]
     fn empty_cells_print_a_dash() {
-        let workspace = Workspace {
-            workspace_id: "ws-1".into(),
-            ..Workspace::default()
-        };
+        let workspace = Workspace { workspace_id: "ws-1".into(), ..Workspace::default() };
         let text = workspaces_table(&[workspace]).render();
         let row = text.lines().nth(1).unwrap();
-        assert!(
-            row.starts_with("ws-1       -     -      unspecified"),
-            "{row}"
-        );
+        assert!(row.starts_with("ws-1       -     -      unspecified"), "{row}");
     }
 }

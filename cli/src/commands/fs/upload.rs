@@ -52,9 +52,8 @@ pub async fn upload(
     header: WriteFileHeader,
 ) -> anyhow::Result<WriteFileResponse> {
     // Every real message fits under this limit; the abort marker is one byte over it.
-    let encoding_limit = UPLOAD_CHUNK_BYTES
-        .max(header.workspace_id.len() + header.path.len())
-        .saturating_add(MESSAGE_OVERHEAD_BYTES);
+    let encoding_limit =
+        UPLOAD_CHUNK_BYTES.max(header.workspace_id.len() + header.path.len()).saturating_add(MESSAGE_OVERHEAD_BYTES);
     let mut client = client.clone().max_encoding_message_size(encoding_limit);
 
     let (sender, receiver) = mpsc::channel::<UploadItem>(UPLOAD_QUEUE_ITEMS);
@@ -87,9 +86,7 @@ pub async fn upload(
             }
         },
     };
-    response
-        .map(tonic::Response::into_inner)
-        .map_err(|status| anyhow::Error::new(RpcError::from(status)))
+    response.map(tonic::Response::into_inner).map_err(|status| anyhow::Error::new(RpcError::from(status)))
 }
 
 /// Sends the header, stdin chunk by chunk, then `Finish` (or `Abort` when stdin fails).
@@ -99,9 +96,7 @@ async fn feed(
     sender: mpsc::Sender<UploadItem>,
     header: WriteFileHeader,
 ) -> anyhow::Result<()> {
-    let header = WriteFileRequest {
-        msg: Some(write_file_request::Msg::Header(header)),
-    };
+    let header = WriteFileRequest { msg: Some(write_file_request::Msg::Header(header)) };
     if sender.send(UploadItem::Message(header)).await.is_err() {
         return Ok(());
     }
@@ -118,9 +113,7 @@ async fn feed(
             let _ = sender.send(UploadItem::Finish).await;
             return Ok(());
         }
-        let message = WriteFileRequest {
-            msg: Some(write_file_request::Msg::Chunk(chunk)),
-        };
+        let message = WriteFileRequest { msg: Some(write_file_request::Msg::Chunk(chunk)) };
         if sender.send(UploadItem::Message(message)).await.is_err() {
             return Ok(());
         }
@@ -129,17 +122,12 @@ async fn feed(
 
 /// A chunk the client refuses to encode (see the module comment).
 fn oversized_chunk(encoding_limit: usize) -> WriteFileRequest {
-    WriteFileRequest {
-        msg: Some(write_file_request::Msg::Chunk(vec![0; encoding_limit + 1])),
-    }
+    WriteFileRequest { msg: Some(write_file_request::Msg::Chunk(vec![0; encoding_limit + 1])) }
 }
 
 /// Reads until `limit` bytes or end of input; empty means end of input. Filling whole
 /// chunks (a pipe hands over far less per read) keeps the message count low.
-async fn read_chunk(
-    reader: &mut (dyn AsyncRead + Unpin + Send),
-    limit: usize,
-) -> std::io::Result<Vec<u8>> {
+async fn read_chunk(reader: &mut (dyn AsyncRead + Unpin + Send), limit: usize) -> std::io::Result<Vec<u8>> {
     let mut chunk = Vec::with_capacity(limit);
     let mut limited = reader.take(u64::try_from(limit).unwrap_or(u64::MAX));
     limited.read_to_end(&mut chunk).await?;
