@@ -1,0 +1,80 @@
+//! `berth node-agent`: hosts workspaces on this machine for the control plane.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use berth_node_agent::NodeAgentConfig;
+use clap::Args;
+
+use super::{default_id, parse_duration, shutdown_on_signal, split_list};
+use crate::commands::parse_key_value;
+
+/// Flags of `berth node-agent`.
+#[derive(Debug, Args)]
+pub struct NodeAgentArgs {
+    /// Control-plane replica URLs, comma-separated or repeated; the agent spreads over them
+    /// and fails over.
+    #[arg(long = "control-plane", env = "BERTH_CONTROL_PLANE", required = true, value_delimiter = ',')]
+    pub control_planes: Vec<String>,
+    /// Address to serve NodeAgentService on.
+    #[arg(long, env = "BERTH_NODE_LISTEN", default_value = "127.0.0.1:7071")]
+    pub listen: String,
+    /// URL replicas reach this agent at (default: http://<listen address>).
+    #[arg(long, env = "BERTH_NODE_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Where workspaces live on this host.
+    #[arg(long, env = "BERTH_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Unique id of this node (default: derived from the hostname).
+    #[arg(long, env = "BERTH_NODE_ID")]
+    pub node_id: Option<String>,
+    #[command(flatten)]
+    pub common: NodeFlags,
+}
+
+/// Node settings shared by `berth node-agent` and `berth up`.
+#[derive(Debug, Args)]
+pub struct NodeFlags {
+    /// Backends to offer (repeatable or comma-separated); the first is the default.
+    #[arg(long = "backend", env = "BERTH_BACKENDS", default_value = "local", value_delimiter = ',')]
+    pub backends: Vec<String>,
+    /// Node label for placement selectors (repeatable).
+    #[arg(long = "label", value_parser = parse_key_value)]
+    pub labels: Vec<(String, String)>,
+    /// Most workspaces this node accepts (0 = unlimited).
+    #[arg(long, default_value_t = 0)]
+    pub capacity: u32,
+    /// Largest file one write may create, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
+    pub max_file_bytes: u64,
+    /// Test hook: delay every provision (widens the bind window in failover tests).
+    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    pub debug_provision_delay: Duration,
+}
+
+impl NodeFlags {
+    pub fn apply(&self, config: &mut NodeAgentConfig) {
+        config.backends = split_list(&self.backends);
+        config.labels = self.labels.iter().cloned().collect();
+        config.capacity_workspaces = self.capacity;
+        config.max_file_bytes = self.max_file_bytes;
+        config.debug_provision_delay = self.debug_provision_delay;
+    }
+}
+
+pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
+    let mut config = NodeAgentConfig::new(args.node_id.unwrap_or_else(|| default_id("node")), args.data_dir);
+    args.common.apply(&mut config);
+    config.control_planes = split_list(&args.control_planes).into_iter().map(|url| with_scheme(&url)).collect();
+    config.advertise_address = args.advertise.unwrap_or_default();
+    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let shutdown = shutdown_on_signal();
+    berth_node_agent::serve(listener, config, shutdown).await.context("node agent")?;
+    Ok(0)
+}
+
+/// `host:port` means `http://host:port`.
+pub(crate) fn with_scheme(url: &str) -> String {
+    if url.contains("://") { url.to_owned() } else { format!("http://{url}") }
+}

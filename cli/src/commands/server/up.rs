@@ -1,0 +1,66 @@
+//! `berth up`: control plane, node agent and an embedded registry in one process, with no
+//! external service. The node agent listens on an ephemeral loopback port and talks to the
+//! control plane over gRPC exactly as in a cluster.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use berth_control_plane::registry::embedded::EmbeddedRegistry;
+use berth_control_plane::ControlPlaneConfig;
+use berth_node_agent::NodeAgentConfig;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::control_plane::ReplicaFlags;
+use super::node_agent::NodeFlags;
+use super::shutdown_on_signal;
+
+/// Flags of `berth up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Address to serve the public gRPC API on.
+    #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Where workspaces live (default: $HOME/.local/share/berth).
+    #[arg(long, env = "BERTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub replica: ReplicaFlags,
+    #[command(flatten)]
+    pub node: NodeFlags,
+}
+
+pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let mut replica = ControlPlaneConfig::new("replica-up");
+    args.replica.apply(&mut replica);
+    replica.validate().map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
+
+    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let public = listener.local_addr()?;
+    let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening for the node agent")?;
+    let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));
+    args.node.apply(&mut node);
+    node.control_planes = vec![format!("http://{public}")];
+
+    let registry = EmbeddedRegistry::new();
+    let shutdown = shutdown_on_signal();
+    // The node agent stops after the control plane so in-flight forwarded calls finish.
+    let node_shutdown = CancellationToken::new();
+    let node_task = tokio::spawn(berth_node_agent::serve(node_listener, node, node_shutdown.clone()));
+    tracing::info!(endpoint = %format!("http://{public}"), data_dir = %data_dir.display(), "berth up ready");
+    let served = berth_control_plane::serve(listener, replica, registry, shutdown).await;
+    node_shutdown.cancel();
+    let node_result = node_task.await.context("node agent task")?;
+    served.context("control plane")?;
+    node_result.context("node agent")?;
+    Ok(0)
+}
+
+fn default_data_dir() -> PathBuf {
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(".local/share/berth"),
+        None => PathBuf::from("berth-data"),
+    }
+}

@@ -1,0 +1,55 @@
+//! Node-agent configuration.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct NodeAgentConfig {
+    pub node_id: String,
+    /// URL replicas use to reach this agent; empty = `http://<listener address>`.
+    pub advertise_address: String,
+    /// Replica URLs to heartbeat to; the agent spreads over them and fails over.
+    pub control_planes: Vec<String>,
+    pub data_dir: PathBuf,
+    /// Backends offered, in order; the first is the default.
+    pub backends: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    /// 0 = unlimited.
+    pub capacity_workspaces: u32,
+    /// Largest file one WriteFile may create.
+    pub max_file_bytes: u64,
+    /// Test hook: every Provision waits this long first (widens the bind window).
+    pub debug_provision_delay: Duration,
+}
+
+impl NodeAgentConfig {
+    pub fn new(node_id: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            node_id: node_id.into(),
+            advertise_address: String::new(),
+            control_planes: Vec::new(),
+            data_dir: data_dir.into(),
+            backends: vec!["local".into()],
+            labels: BTreeMap::new(),
+            capacity_workspaces: 0,
+            max_file_bytes: 4 * 1024 * 1024 * 1024,
+            debug_provision_delay: Duration::ZERO,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        berth_workspace::validate_id("node id", &self.node_id).map_err(|error| error.to_string())?;
+        if self.control_planes.is_empty() {
+            return Err("at least one control-plane URL is needed".into());
+        }
+        if self.backends.is_empty() {
+            return Err("at least one backend is needed".into());
+        }
+        Ok(())
+    }
+
+    pub fn default_backend(&self) -> &str {
+        self.backends.first().map(String::as_str).unwrap_or("local")
+    }
+}

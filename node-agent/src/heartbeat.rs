@@ -1,0 +1,266 @@
+//! The node's heartbeat stream to a replica (DESIGN.md §4.3).
+//!
+//! The agent starts at a replica picked from its node id (spreading nodes over replicas),
+//! registers, then reports load and per-workspace last access every interval. When the
+//! stream breaks it moves to the next replica and presents its lease id, which that replica
+//! continues. A watchdog fences the node when no heartbeat was acknowledged for a lease TTL
+//! (measured from the *send* time of the last acknowledged report, which is no later than
+//! the replica's keep-alive, so the node stops serving no later than its lease expires).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use berth_proto::v1::control_message::Msg as ControlMsg;
+use berth_proto::v1::node_message::Msg as NodeMsg;
+use berth_proto::v1::node_service_client::NodeServiceClient;
+use berth_proto::v1::{self, NodeMessage};
+use berth_workspace::WorkspaceId;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+
+use crate::config::NodeAgentConfig;
+use crate::fence::Fence;
+use crate::service::local_workspace;
+use crate::state::Workspaces;
+
+/// Lease facts shared between the stream and the watchdog.
+#[derive(Debug, Default)]
+struct LeaseState {
+    lease_id: i64,
+    node_generation: u64,
+    lease_ttl: Duration,
+    /// Send time of the last report the replica acknowledged (or of the registration).
+    renewed_at: Option<Instant>,
+}
+
+pub struct Heartbeater {
+    config: NodeAgentConfig,
+    address: String,
+    workspaces: Arc<Workspaces>,
+    fence: Arc<Fence>,
+    lease: Arc<Mutex<LeaseState>>,
+}
+
+enum SessionEnd {
+    /// The replica fenced us: register again at once.
+    Fenced,
+    Shutdown,
+}
+
+impl Heartbeater {
+    pub fn new(config: NodeAgentConfig, address: String, workspaces: Arc<Workspaces>, fence: Arc<Fence>) -> Self {
+        Self { config, address, workspaces, fence, lease: Arc::new(Mutex::new(LeaseState::default())) }
+    }
+
+    fn lease(&self) -> std::sync::MutexGuard<'_, LeaseState> {
+        self.lease.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub async fn run(self, cancel: CancellationToken) {
+        tokio::spawn(watchdog(Arc::clone(&self.lease), Arc::clone(&self.fence), cancel.clone()));
+        let endpoints = &self.config.control_planes;
+        let mut index = spread(&self.config.node_id, endpoints.len());
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let endpoint = &endpoints[index];
+            match self.session(endpoint, &cancel).await {
+                Ok(SessionEnd::Shutdown) => return,
+                Ok(SessionEnd::Fenced) => {
+                    backoff = Duration::from_millis(100);
+                    continue;
+                }
+                Err(error) => {
+                    tracing::warn!(node_id = %self.config.node_id, endpoint = %endpoint, %error, "heartbeat stream failed; trying the next replica");
+                    index = (index + 1) % endpoints.len();
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn session(&self, endpoint: &str, cancel: &CancellationToken) -> Result<SessionEnd, String> {
+        let channel = Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|error| format!("bad control-plane URL {endpoint:?}: {error}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .http2_keep_alive_interval(Duration::from_secs(2))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .map_err(|error| format!("connect: {error}"))?;
+        let mut client = NodeServiceClient::new(channel);
+        let (outbound, receiver) = mpsc::channel(8);
+        let (lease_id, node_generation) = {
+            let lease = self.lease();
+            (lease.lease_id, lease.node_generation)
+        };
+        let register = v1::Register {
+            node_id: self.config.node_id.clone(),
+            address: self.address.clone(),
+            backends: self.config.backends.clone(),
+            default_backend: self.config.default_backend().to_owned(),
+            labels: self.config.labels.clone().into_iter().collect(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            lease_id,
+            node_generation,
+            capacity_workspaces: self.config.capacity_workspaces,
+        };
+        let register_sent = Instant::now();
+        outbound
+            .send(NodeMessage { msg: Some(NodeMsg::Register(register)) })
+            .await
+            .map_err(|_| "stream closed before register".to_owned())?;
+        let mut inbound = client
+            .heartbeat(ReceiverStream::new(receiver))
+            .await
+            .map_err(|status| format!("register refused: {}", status.message()))?
+            .into_inner();
+        let registered = match inbound.message().await.map_err(|status| status.message().to_owned())? {
+            Some(v1::ControlMessage { msg: Some(ControlMsg::Registered(registered)) }) => registered,
+            other => return Err(format!("expected a registration answer, got {other:?}")),
+        };
+        let interval = Duration::from_millis(registered.heartbeat_interval_ms.max(100));
+        {
+            let mut lease = self.lease();
+            lease.lease_id = registered.lease_id;
+            lease.node_generation = registered.node_generation;
+            lease.lease_ttl = Duration::from_millis(registered.lease_ttl_ms);
+            lease.renewed_at = Some(register_sent);
+        }
+        if self.fence.lift() {
+            tracing::info!(node_id = %self.config.node_id, node_generation = registered.node_generation, "registered again; serving");
+        }
+        tracing::info!(node_id = %self.config.node_id, replica = %registered.replica_id, lease = registered.lease_id, "heartbeating");
+
+        let mut sent: HashMap<u64, Instant> = HashMap::new();
+        let mut seq = 0u64;
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(SessionEnd::Shutdown),
+                _ = ticker.tick() => {
+                    seq += 1;
+                    sent.insert(seq, Instant::now());
+                    // Reports older than a few intervals will never be acknowledged.
+                    sent.retain(|&sequence, _| sequence + 16 > seq);
+                    let report = self.report(seq);
+                    if outbound.send(NodeMessage { msg: Some(NodeMsg::Report(report)) }).await.is_err() {
+                        return Err("stream closed".into());
+                    }
+                }
+                message = inbound.message() => {
+                    let message = message.map_err(|status| status.message().to_owned())?;
+                    match message.and_then(|message| message.msg) {
+                        Some(ControlMsg::Ack(ack)) => {
+                            if let Some(sent_at) = sent.remove(&ack.seq) {
+                                self.lease().renewed_at = Some(sent_at);
+                            }
+                        }
+                        Some(ControlMsg::Fence(fence)) => {
+                            self.fence_now(&fence.reason);
+                            return Ok(SessionEnd::Fenced);
+                        }
+                        Some(ControlMsg::Command(command)) => self.command(command),
+                        Some(ControlMsg::Registered(_)) => {}
+                        None => return Err("replica closed the stream".into()),
+                    }
+                }
+            }
+        }
+    }
+
+    fn fence_now(&self, reason: &str) {
+        if self.fence.fence() {
+            tracing::warn!(node_id = %self.config.node_id, reason, "fenced: not serving until registered again");
+        }
+        let mut lease = self.lease();
+        lease.lease_id = 0;
+        lease.renewed_at = None;
+    }
+
+    fn command(&self, command: v1::NodeCommand) {
+        let Some(v1::node_command::Cmd::DestroyStale(stale)) = command.cmd else { return };
+        let Ok(id) = WorkspaceId::new(stale.workspace_id) else { return };
+        let workspaces = Arc::clone(&self.workspaces);
+        tokio::spawn(async move {
+            match workspaces.destroy(&id, Some(stale.generation)).await {
+                Ok(true) => {
+                    tracing::info!(ws_id = %id, generation = stale.generation, "removed a copy superseded by a newer placement")
+                }
+                Ok(false) => {}
+                Err(error) => tracing::warn!(ws_id = %id, %error, "removing a superseded copy failed"),
+            }
+        });
+    }
+
+    fn report(&self, seq: u64) -> v1::HeartbeatReport {
+        let entries = self.workspaces.all();
+        let load = v1::NodeLoad {
+            workspaces: entries.len() as u32,
+            running: entries.iter().filter(|entry| entry.backend.is_some()).count() as u32,
+            execs_in_flight: entries.iter().map(|entry| entry.execs_in_flight.load(Ordering::Relaxed)).sum(),
+            load_avg_1m: load_average(),
+            mem_available_bytes: mem_available(),
+        };
+        v1::HeartbeatReport {
+            seq,
+            load: Some(load),
+            workspaces: entries.iter().map(|entry| local_workspace(entry)).collect(),
+        }
+    }
+}
+
+/// Fences the node when no heartbeat was acknowledged for a lease TTL.
+async fn watchdog(lease: Arc<Mutex<LeaseState>>, fence: Arc<Fence>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        let mut state = lease.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let expired = state.renewed_at.is_some_and(|renewed| renewed.elapsed() >= state.lease_ttl);
+        if expired {
+            state.lease_id = 0;
+            state.renewed_at = None;
+            drop(state);
+            if fence.fence() {
+                tracing::warn!("no heartbeat acknowledged within the lease ttl: fenced until registered again");
+            }
+        }
+    }
+}
+
+/// Index of the first replica to try: nodes spread evenly over the replica list.
+fn spread(node_id: &str, replicas: usize) -> usize {
+    let hash =
+        node_id.bytes().fold(0xcbf29ce484222325u64, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x100000001b3));
+    (hash % replicas.max(1) as u64) as usize
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().and_then(|first| first.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|line| line.starts_with("MemAvailable:"))
+                .and_then(|line| line.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()))
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0)
+}

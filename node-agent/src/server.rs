@@ -1,0 +1,84 @@
+//! The composition root of a node agent: `serve(listener, config, shutdown)`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_proto::v1::node_agent_service_server::NodeAgentServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::NodeAgentConfig;
+use crate::fence::Fence;
+use crate::heartbeat::Heartbeater;
+use crate::service::NodeAgentApi;
+use crate::state::Workspaces;
+
+/// Largest gRPC message (file data travels in smaller chunks).
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Why a node agent could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Workspace(#[from] berth_workspace::WorkspaceError),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("grpc transport: {0}")]
+    Transport(String),
+}
+
+/// Serves `NodeAgentService` on `listener` and heartbeats to the control plane until
+/// `shutdown` fires.
+pub async fn serve(
+    listener: TcpListener,
+    mut config: NodeAgentConfig,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    config.validate().map_err(ServeError::Config)?;
+    if config.advertise_address.is_empty() {
+        config.advertise_address = format!("http://{}", listener.local_addr()?);
+    }
+    let drivers = crate::drivers::build(&config)?;
+    let workspaces = Arc::new(Workspaces::new(
+        config.data_dir.clone(),
+        drivers,
+        config.default_backend().to_owned(),
+        config.debug_provision_delay,
+    ));
+    workspaces.restore().await?;
+    // Fenced until the first registration: no lease, no serving.
+    let fence = Arc::new(Fence::new());
+    fence.fence();
+    let tasks = CancellationToken::new();
+    let heartbeater =
+        Heartbeater::new(config.clone(), config.advertise_address.clone(), Arc::clone(&workspaces), Arc::clone(&fence));
+    let heartbeat_task = tokio::spawn(heartbeater.run(tasks.clone()));
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<NodeAgentServiceServer<NodeAgentApi>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|error| ServeError::Config(error.to_string()))?;
+    let api = NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&workspaces), fence, config.max_file_bytes))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tracing::info!(node_id = %config.node_id, address = %config.advertise_address, backends = ?config.backends, "node agent serving");
+    let served = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(api)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
+        .await;
+    tasks.cancel();
+    let _ = heartbeat_task.await;
+    tracing::info!(node_id = %config.node_id, "node agent stopped");
+    served.map_err(|error| ServeError::Transport(error.to_string()))
+}

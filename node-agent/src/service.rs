@@ -1,0 +1,265 @@
+//! `NodeAgentService`: lifecycle, exec and file calls from replicas.
+//!
+//! Every workspace call is checked before it touches the workspace: the node must not be
+//! fenced (lost lease), must hold the workspace, and at the generation the replica names
+//! (`x-berth-generation`); otherwise a typed status tells the replica to re-read and retry.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use berth_proto::convert::{
+    exec_event_to_proto, exec_output_to_proto, exec_spec_from_proto, file_info_to_proto, read_chunk_size,
+    spec_from_proto, status_from_workspace_error,
+};
+use berth_proto::meta::{self, ErrorKind};
+use berth_proto::v1::node_agent_service_server::NodeAgentService;
+use berth_proto::v1::{self, write_file_request::Msg as WriteMsg};
+use berth_workspace::{BackendRef, RelPath, WorkspaceError, WorkspaceId, WriteOptions};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::fence::Fence;
+use crate::state::{Entry, Workspaces};
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+pub struct NodeAgentApi {
+    workspaces: Arc<Workspaces>,
+    fence: Arc<Fence>,
+    max_file_bytes: u64,
+}
+
+/// Keeps the in-flight exec count of a workspace while alive.
+struct InFlight(Arc<Entry>);
+
+impl InFlight {
+    fn start(entry: &Arc<Entry>) -> Self {
+        entry.execs_in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(entry))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.execs_in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+fn status(error: WorkspaceError) -> Status {
+    status_from_workspace_error(&error)
+}
+
+fn workspace_id(value: &str) -> Result<WorkspaceId, Status> {
+    WorkspaceId::new(value).map_err(status)
+}
+
+fn rel_path(value: &str) -> Result<RelPath, Status> {
+    RelPath::parse(value).map_err(status)
+}
+
+impl NodeAgentApi {
+    pub fn new(workspaces: Arc<Workspaces>, fence: Arc<Fence>, max_file_bytes: u64) -> Self {
+        Self { workspaces, fence, max_file_bytes }
+    }
+
+    fn check_serving(&self) -> Result<(), Status> {
+        if self.fence.is_fenced() {
+            return Err(ErrorKind::NodeFenced.attach(Status::unavailable("node has lost its lease and is not serving")));
+        }
+        Ok(())
+    }
+
+    /// The workspace's runtime, if this node holds it at the generation the caller expects.
+    fn backend<T>(&self, request: &Request<T>, id: &str) -> Result<(Arc<Entry>, BackendRef), Status> {
+        self.check_serving()?;
+        let id = workspace_id(id)?;
+        let expected = request
+            .metadata()
+            .get(meta::GENERATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok());
+        let wrong = |detail: String| ErrorKind::WrongGeneration.attach(Status::failed_precondition(detail));
+        let entry =
+            self.workspaces.get(&id).ok_or_else(|| wrong(format!("workspace {id} is not provisioned on this node")))?;
+        if let Some(expected) = expected
+            && expected != entry.generation
+        {
+            return Err(wrong(format!(
+                "workspace {id} is at generation {} on this node, not {expected}",
+                entry.generation
+            )));
+        }
+        let backend = entry.backend.clone().ok_or_else(|| wrong(format!("workspace {id} is released on this node")))?;
+        entry.touch();
+        Ok((entry, backend))
+    }
+}
+
+#[tonic::async_trait]
+impl NodeAgentService for NodeAgentApi {
+    async fn provision(
+        &self,
+        request: Request<v1::ProvisionRequest>,
+    ) -> Result<Response<v1::ProvisionResponse>, Status> {
+        self.check_serving()?;
+        let request = request.into_inner();
+        let id = workspace_id(&request.workspace_id)?;
+        let spec = spec_from_proto(request.spec);
+        spec.validate().map_err(status)?;
+        let provisioned =
+            self.workspaces.provision(&id, request.generation, &request.backend, &spec).await.map_err(status)?;
+        tracing::info!(ws_id = %id, generation = request.generation, backend = %provisioned.backend, created = provisioned.created, "provisioned");
+        Ok(Response::new(v1::ProvisionResponse { created: provisioned.created, backend: provisioned.backend }))
+    }
+
+    async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let id = workspace_id(&request.get_ref().workspace_id)?;
+        self.workspaces.release(&id).await.map_err(status)?;
+        Ok(Response::new(v1::ReleaseResponse {}))
+    }
+
+    async fn destroy(&self, request: Request<v1::DestroyRequest>) -> Result<Response<v1::DestroyResponse>, Status> {
+        let id = workspace_id(&request.get_ref().workspace_id)?;
+        let existed = self.workspaces.destroy(&id, None).await.map_err(status)?;
+        Ok(Response::new(v1::DestroyResponse { existed }))
+    }
+
+    async fn list_local(
+        &self,
+        _request: Request<v1::ListLocalRequest>,
+    ) -> Result<Response<v1::ListLocalResponse>, Status> {
+        let mut workspaces: Vec<v1::LocalWorkspace> =
+            self.workspaces.all().iter().map(|entry| local_workspace(entry)).collect();
+        workspaces.sort_by(|left, right| left.workspace_id.cmp(&right.workspace_id));
+        Ok(Response::new(v1::ListLocalResponse { workspaces }))
+    }
+
+    async fn exec(&self, request: Request<v1::ExecRequest>) -> Result<Response<v1::ExecResult>, Status> {
+        let (entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
+        let spec = exec_spec_from_proto(request.get_ref()).map_err(status)?;
+        let _in_flight = InFlight::start(&entry);
+        let output = backend.exec(&spec).await.map_err(status)?;
+        Ok(Response::new(exec_output_to_proto(output)))
+    }
+
+    type ExecStreamStream = BoxStream<v1::ExecChunk>;
+
+    async fn exec_stream(&self, request: Request<v1::ExecRequest>) -> Result<Response<Self::ExecStreamStream>, Status> {
+        let (entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
+        let spec = exec_spec_from_proto(request.get_ref()).map_err(status)?;
+        let in_flight = InFlight::start(&entry);
+        let events = backend.exec_stream(&spec).await.map_err(status)?;
+        // The guard lives as long as the stream; dropping the stream kills the process.
+        let stream = events.map(move |event| {
+            let _keep = &in_flight;
+            event.map(exec_event_to_proto).map_err(status)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type ReadFileStream = BoxStream<v1::FileChunk>;
+
+    async fn read_file(&self, request: Request<v1::ReadFileRequest>) -> Result<Response<Self::ReadFileStream>, Status> {
+        let (_entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
+        let path = rel_path(&request.get_ref().path)?;
+        let chunk_size = read_chunk_size(request.get_ref().chunk_size);
+        let chunks = backend.read_file(&path).await.map_err(status)?;
+        let stream = chunks.flat_map(move |chunk| {
+            let pieces: Vec<Result<v1::FileChunk, Status>> = match chunk {
+                Ok(data) => {
+                    split(data, chunk_size).into_iter().map(|data| Ok(v1::FileChunk { data: data.to_vec() })).collect()
+                }
+                Err(error) => vec![Err(status(error))],
+            };
+            futures::stream::iter(pieces)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn write_file(
+        &self,
+        request: Request<Streaming<v1::WriteFileRequest>>,
+    ) -> Result<Response<v1::WriteFileResponse>, Status> {
+        let generation_checked = Request::from_parts(request.metadata().clone(), Default::default(), ());
+        let mut inbound = request.into_inner();
+        let header = match inbound.message().await? {
+            Some(v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) }) => header,
+            _ => return Err(Status::invalid_argument("the first WriteFile message must be a header")),
+        };
+        let (_entry, backend) = self.backend(&generation_checked, &header.workspace_id)?;
+        let path = rel_path(&header.path)?;
+        // A broken client stream surfaces as an error item, which makes the backend discard
+        // the temporary file: a write is whole or absent.
+        let data = inbound
+            .map(|message| match message {
+                Ok(v1::WriteFileRequest { msg: Some(WriteMsg::Chunk(chunk)) }) => Ok(Bytes::from(chunk)),
+                Ok(_) => Err(WorkspaceError::InvalidArgument("only chunks may follow the WriteFile header".into())),
+                Err(status) => {
+                    Err(WorkspaceError::InvalidArgument(format!("write stream broken: {}", status.message())))
+                }
+            })
+            .boxed();
+        let mode = if header.mode == 0 { 0o644 } else { header.mode & 0o777 };
+        let options = WriteOptions { mode, max_bytes: self.max_file_bytes };
+        let written = backend.write_file(&path, data, options).await.map_err(status)?;
+        Ok(Response::new(v1::WriteFileResponse { bytes_written: written }))
+    }
+
+    async fn stat(&self, request: Request<v1::StatRequest>) -> Result<Response<v1::FileInfo>, Status> {
+        let (_entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
+        let path = rel_path(&request.get_ref().path)?;
+        let info = backend.stat(&path).await.map_err(status)?;
+        Ok(Response::new(file_info_to_proto(&info)))
+    }
+
+    async fn list_dir(&self, request: Request<v1::ListDirRequest>) -> Result<Response<v1::ListDirResponse>, Status> {
+        let (_entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
+        let path = rel_path(&request.get_ref().path)?;
+        let entries = backend.list_dir(&path).await.map_err(status)?;
+        Ok(Response::new(v1::ListDirResponse { entries: entries.iter().map(file_info_to_proto).collect() }))
+    }
+
+    async fn remove_path(
+        &self,
+        request: Request<v1::RemovePathRequest>,
+    ) -> Result<Response<v1::RemovePathResponse>, Status> {
+        let (_entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
+        let path = rel_path(&request.get_ref().path)?;
+        if path.is_root() {
+            return Err(Status::invalid_argument("the workspace root cannot be removed; close the workspace instead"));
+        }
+        let existed = backend.remove(&path, request.get_ref().recursive).await.map_err(status)?;
+        Ok(Response::new(v1::RemovePathResponse { existed }))
+    }
+
+    async fn make_dir(&self, request: Request<v1::MakeDirRequest>) -> Result<Response<v1::MakeDirResponse>, Status> {
+        let (_entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
+        let path = rel_path(&request.get_ref().path)?;
+        backend.mkdir(&path, request.get_ref().parents).await.map_err(status)?;
+        Ok(Response::new(v1::MakeDirResponse {}))
+    }
+}
+
+pub fn local_workspace(entry: &Entry) -> v1::LocalWorkspace {
+    v1::LocalWorkspace {
+        workspace_id: entry.id.to_string(),
+        generation: entry.generation,
+        backend: entry.backend_name.clone(),
+        running: entry.backend.is_some(),
+        last_access_unix_ms: entry.last_access_ms.load(Ordering::Relaxed),
+    }
+}
+
+fn split(mut data: Bytes, size: usize) -> Vec<Bytes> {
+    let mut pieces = Vec::with_capacity(data.len() / size + 1);
+    while data.len() > size {
+        pieces.push(data.split_to(size));
+    }
+    if !data.is_empty() {
+        pieces.push(data);
+    }
+    pieces
+}
