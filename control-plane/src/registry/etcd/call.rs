@@ -25,6 +25,11 @@ use crate::registry::{LeaseId, RegistryError, Result};
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
+/// Undelivered failures retried without a pause first. With one member of three down, the
+/// client's balancer picks the dead endpoint for ~22 % of calls and fails them at once with
+/// "connection refused"; the next attempt usually lands on a live member, so sleeping first
+/// only adds latency (measured: 200 puts 1.7 s with backoff vs 0.7 s healthy).
+const IMMEDIATE_RETRIES: u32 = 2;
 
 /// How long calls may take; derived from `EtcdConfig`.
 #[derive(Clone, Copy, Debug)]
@@ -106,6 +111,7 @@ where
     let deadline = started + policy.call_timeout;
     let mut backoff = INITIAL_BACKOFF;
     let mut attempts = 0_u32;
+    let mut immediate_retries = IMMEDIATE_RETRIES;
     loop {
         attempts += 1;
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -133,8 +139,16 @@ where
             Delivery::Unknown => retry == Retry::Idempotent,
             Delivery::Final => false,
         };
+        if !retryable {
+            return Err(error);
+        }
+        if delivery == Delivery::NotDelivered && immediate_retries > 0 {
+            immediate_retries -= 1;
+            tracing::debug!(operation, attempts, %error, "retrying etcd call at once");
+            continue;
+        }
         let pause = jitter(backoff);
-        if !retryable || Instant::now() + pause >= deadline {
+        if Instant::now() + pause >= deadline {
             return Err(error);
         }
         tracing::debug!(operation, attempts, %error, "retrying etcd call");
