@@ -5,8 +5,9 @@
 //! end only this test process holds (the "lifeline"). When this process exits — normally,
 //! by panic, or SIGKILLed by a harness — the pipe closes and the supervisor SIGKILLs etcd
 //! and deletes its data directory. So no etcd outlives `cargo test`, even the shared one,
-//! whose `static` is never dropped. `Drop` kills explicitly and keeps the temp directory
-//! (with `etcd.log`) when the thread is panicking, so a failed test leaves its log behind.
+//! whose `static` is never dropped. `Drop` kills explicitly and keeps `etcd.log` (not the
+//! data) when the thread is panicking, so a failed test leaves its log behind; so does a
+//! failed start.
 //!
 //! A test that cannot start etcd fails loudly with the tail of etcd's log; it never skips.
 
@@ -133,10 +134,27 @@ impl EtcdProcess {
             let process = Self::spawn(&spec)?;
             match process.wait_ready(Instant::now() + READY_DEADLINE) {
                 Ok(()) => return Ok(process),
-                Err(error) => last_error = Some(error),
+                Err(error) => last_error = Some((process, error)),
             }
         }
-        Err(last_error.unwrap_or_else(|| anyhow!("no start attempt made")))
+        match last_error {
+            // Keep the last attempt's log so the path in the error exists.
+            Some((process, error)) => {
+                process.keep_log();
+                Err(error)
+            }
+            None => Err(anyhow!("no start attempt made")),
+        }
+    }
+
+    /// Kills etcd and leaves its log on disk (the data directory, 100+ MB of preallocated
+    /// WAL, goes).
+    fn keep_log(mut self) {
+        self.kill();
+        if let Some(dir) = self.dir.take() {
+            let kept = dir.keep();
+            let _ = std::fs::remove_dir_all(kept.join("data"));
+        }
     }
 
     fn spawn(spec: &MemberSpec) -> anyhow::Result<Self> {
@@ -304,6 +322,7 @@ impl Drop for EtcdProcess {
             && let Some(dir) = self.dir.take()
         {
             let kept = dir.keep();
+            let _ = std::fs::remove_dir_all(kept.join("data"));
             eprintln!(
                 "etcd {} log kept at {}",
                 self.name,
@@ -394,7 +413,11 @@ impl EtcdCluster {
         }
         let deadline = Instant::now() + READY_DEADLINE;
         for member in &members {
-            member.wait_ready(deadline)?;
+            if let Err(error) = member.wait_ready(deadline) {
+                // Keep every member's log; the one that failed may be a victim of another.
+                members.into_iter().for_each(EtcdProcess::keep_log);
+                return Err(error);
+            }
         }
         Ok(Self { members })
     }
