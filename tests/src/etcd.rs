@@ -33,20 +33,24 @@ const START_ATTEMPTS: usize = 3;
 
 /// `$1` log file, `$2` directory to delete when the lifeline closes, `$3...` the etcd
 /// command. Prints etcd's PID, then waits for etcd and exits with its status. The watcher
-/// subshell blocks reading the lifeline (fd 3); EOF means the test process is gone. The
-/// shell's own messages ("Killed") go to the log, not into the test output.
+/// subshell blocks reading the lifeline (fd 3); EOF means the test process is gone, so it
+/// marks that and kills etcd. The directory is removed only after `wait` has reaped etcd:
+/// removing it right after `kill -9` raced etcd's last writes and left files behind. When
+/// the test kills etcd itself, there is no mark and `TempDir` cleans up. The shell's own
+/// messages ("Killed") go to the log, not into the test output.
 const SUPERVISOR: &str = r#"
 log="$1"; dir="$2"; shift 2
 exec 3<&0 2>>"$log"
 "$@" >>"$log" 2>&1 </dev/null 3<&- &
 child=$!
 echo "$child"
-{ read -r _ <&3; kill -9 "$child" 2>/dev/null; rm -rf "$dir"; } &
+{ read -r _ <&3; : >"$dir/lifeline-closed"; kill -9 "$child" 2>/dev/null; } &
 watcher=$!
 exec 3<&-
 wait "$child"
 status=$?
 kill "$watcher" 2>/dev/null
+if [ -e "$dir/lifeline-closed" ]; then rm -rf "$dir"; fi
 exit "$status"
 "#;
 
@@ -434,6 +438,26 @@ impl EtcdCluster {
     /// SIGKILLs member `index` and waits until it is gone.
     pub fn kill_member(&self, index: usize) {
         self.members[index].kill();
+    }
+
+    /// Waits until the live members agree on a leader and returns its index; panics after
+    /// `deadline` with every member's log tail.
+    pub fn wait_for_leader(&self, deadline: Duration) -> usize {
+        let until = Instant::now() + deadline;
+        loop {
+            if let Some(leader) = self.leader_index() {
+                return leader;
+            }
+            if Instant::now() >= until {
+                let logs: String = self
+                    .members
+                    .iter()
+                    .map(|member| format!("--- {}:\n{}\n", member.name(), member.log_tail(15)))
+                    .collect();
+                panic!("etcd members did not agree on a leader within {deadline:?}\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// The index of the member every live member agrees is leader, if they agree.

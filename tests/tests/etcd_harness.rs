@@ -82,7 +82,7 @@ async fn connect_to_nothing_fails_fast() {
 async fn cluster_keeps_serving_after_a_follower_dies() {
     let cluster = EtcdCluster::start(3);
     let registry = berth_tests::etcd::connect(cluster.endpoints()).await;
-    let leader = cluster.leader_index().expect("members agree on a leader");
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
     let follower = (leader + 1) % cluster.members().len();
     let lease = registry
         .grant_lease(Duration::from_secs(5))
@@ -120,7 +120,7 @@ async fn cluster_recovers_after_the_leader_dies() {
     })
     .await
     .expect("connect");
-    let leader = cluster.leader_index().expect("members agree on a leader");
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
     cluster.kill_member(leader);
 
     let prefix = key("leader-down");
