@@ -1,1 +1,4 @@
-//! placeholder
+//! Cross-process integration test support: real etcd processes (and, later, replicas and
+//! node agents) started and killed by PID.
+
+pub mod etcd;

@@ -1,0 +1,517 @@
+//! Real etcd processes for cross-process tests: one member ([`EtcdProcess`]), a cluster
+//! ([`EtcdCluster`]), and one lazily started process shared by a test binary ([`shared`]).
+//!
+//! Each etcd runs under a tiny `sh` supervisor holding the read end of a pipe whose write
+//! end only this test process holds (the "lifeline"). When this process exits — normally,
+//! by panic, or SIGKILLed by a harness — the pipe closes and the supervisor SIGKILLs etcd
+//! and deletes its data directory. So no etcd outlives `cargo test`, even the shared one,
+//! whose `static` is never dropped. `Drop` kills explicitly and keeps `etcd.log` (not the
+//! data) when the thread is panicking, so a failed test leaves its log behind; so does a
+//! failed start.
+//!
+//! A test that cannot start etcd fails loudly with the tail of etcd's log; it never skips.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use berth_control_plane::registry::etcd::{EtcdConfig, EtcdRegistry};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+/// How long a fresh etcd (or cluster) may take to answer `/health`.
+const READY_DEADLINE: Duration = Duration::from_secs(20);
+/// Attempts with fresh ports when etcd dies at start (a port taken between our probe bind
+/// and etcd's bind is the usual cause).
+const START_ATTEMPTS: usize = 3;
+
+/// `$1` log file, `$2` directory to delete when the lifeline closes, `$3...` the etcd
+/// command. Prints etcd's PID, then waits for etcd and exits with its status. The watcher
+/// subshell blocks reading the lifeline (fd 3); EOF means the test process is gone, so it
+/// marks that and kills etcd. The directory is removed only after `wait` has reaped etcd:
+/// removing it right after `kill -9` raced etcd's last writes and left files behind. When
+/// the test kills etcd itself, there is no mark and `TempDir` cleans up. The shell's own
+/// messages ("Killed") go to the log, not into the test output.
+const SUPERVISOR: &str = r#"
+log="$1"; dir="$2"; shift 2
+exec 3<&0 2>>"$log"
+"$@" >>"$log" 2>&1 </dev/null 3<&- &
+child=$!
+echo "$child"
+{ read -r _ <&3; : >"$dir/lifeline-closed"; kill -9 "$child" 2>/dev/null; } &
+watcher=$!
+exec 3<&-
+wait "$child"
+status=$?
+kill "$watcher" 2>/dev/null
+if [ -e "$dir/lifeline-closed" ]; then rm -rf "$dir"; fi
+exit "$status"
+"#;
+
+/// The etcd binary: `$BERTH_ETCD_BIN`, else `/usr/bin/etcd`, else `etcd` on `PATH`.
+pub fn etcd_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BERTH_ETCD_BIN") {
+        return PathBuf::from(path);
+    }
+    let packaged = Path::new("/usr/bin/etcd");
+    if packaged.exists() {
+        return packaged.to_path_buf();
+    }
+    PathBuf::from("etcd")
+}
+
+/// A loopback port that was free a moment ago (bound to port 0, then released).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Where one member listens and whom it starts a cluster with.
+struct MemberSpec {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    initial_cluster: String,
+    cluster_token: String,
+}
+
+impl MemberSpec {
+    fn peer_url(name: &str, peer_port: u16) -> String {
+        format!("{name}=http://127.0.0.1:{peer_port}")
+    }
+
+    fn args(&self, data_dir: &Path) -> Vec<String> {
+        let client_url = format!("http://127.0.0.1:{}", self.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        vec![
+            format!("--name={}", self.name),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster={}", self.initial_cluster),
+            format!("--initial-cluster-token={}", self.cluster_token),
+            "--initial-cluster-state=new".into(),
+        ]
+    }
+}
+
+/// One etcd process. Killed (SIGKILL by PID) on drop.
+pub struct EtcdProcess {
+    name: String,
+    client_port: u16,
+    pid: u32,
+    supervisor: Mutex<Child>,
+    /// Closing it makes the supervisor kill etcd; see the module docs.
+    lifeline: Mutex<Option<ChildStdin>>,
+    dir: Option<TempDir>,
+    log_path: PathBuf,
+}
+
+impl EtcdProcess {
+    /// Starts a single-member etcd and waits until it is healthy; panics with the tail of
+    /// its log otherwise.
+    pub fn start() -> Self {
+        Self::try_start().unwrap_or_else(|error| panic!("etcd did not start: {error:#}"))
+    }
+
+    pub fn try_start() -> anyhow::Result<Self> {
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            let name = "berth-test".to_owned();
+            let client_port = free_port()?;
+            let peer_port = free_port()?;
+            let spec = MemberSpec {
+                initial_cluster: MemberSpec::peer_url(&name, peer_port),
+                cluster_token: format!("berth-{:x}", rand::random::<u64>()),
+                name,
+                client_port,
+                peer_port,
+            };
+            let process = Self::spawn(&spec)?;
+            match process.wait_ready(Instant::now() + READY_DEADLINE) {
+                Ok(()) => return Ok(process),
+                Err(error) => last_error = Some((process, error)),
+            }
+        }
+        match last_error {
+            // Keep the last attempt's log so the path in the error exists.
+            Some((process, error)) => {
+                process.keep_log();
+                Err(error)
+            }
+            None => Err(anyhow!("no start attempt made")),
+        }
+    }
+
+    /// Kills etcd and leaves its log on disk (the data directory, 100+ MB of preallocated
+    /// WAL, goes).
+    fn keep_log(mut self) {
+        self.kill();
+        if let Some(dir) = self.dir.take() {
+            let kept = dir.keep();
+            let _ = std::fs::remove_dir_all(kept.join("data"));
+        }
+    }
+
+    fn spawn(spec: &MemberSpec) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("berth-etcd-")
+            .tempdir()
+            .context("create etcd temp dir")?;
+        let log_path = dir.path().join("etcd.log");
+        let binary = etcd_binary();
+        let mut command = Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(SUPERVISOR)
+            .arg("berth-etcd-supervisor")
+            .arg(&log_path)
+            .arg(dir.path())
+            .arg(&binary)
+            .args(spec.args(&dir.path().join("data")))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // Stray ETCD_* settings of the developer's shell would override our flags.
+        for (variable, _) in std::env::vars_os() {
+            if variable.to_string_lossy().starts_with("ETCD_") {
+                command.env_remove(variable);
+            }
+        }
+        let mut supervisor = command
+            .spawn()
+            .with_context(|| format!("spawn the etcd supervisor for {}", binary.display()))?;
+        let lifeline = supervisor.stdin.take();
+        let stdout = supervisor
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("supervisor has no stdout"))?;
+        let mut first_line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut first_line)
+            .context("read etcd pid from the supervisor")?;
+        let pid: u32 = first_line
+            .trim()
+            .parse()
+            .with_context(|| format!("supervisor printed {first_line:?} instead of a pid"))?;
+        Ok(Self {
+            name: spec.name.clone(),
+            client_port: spec.client_port,
+            pid,
+            supervisor: Mutex::new(supervisor),
+            lifeline: Mutex::new(lifeline),
+            dir: Some(dir),
+            log_path,
+        })
+    }
+
+    /// Polls `/health` until it reports healthy (which needs a leader), etcd exits, or the
+    /// deadline passes.
+    fn wait_ready(&self, deadline: Instant) -> anyhow::Result<()> {
+        loop {
+            if !self.is_running() {
+                bail!(
+                    "etcd {} exited during start; log {}:\n{}",
+                    self.name,
+                    self.log_path.display(),
+                    self.log_tail(30)
+                );
+            }
+            if self.is_healthy() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "etcd {} not healthy after {READY_DEADLINE:?}; log {}:\n{}",
+                    self.name,
+                    self.log_path.display(),
+                    self.log_tail(30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:41234`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The last `lines` lines of etcd's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut text = String::new();
+        if let Err(error) =
+            std::fs::File::open(&self.log_path).and_then(|mut file| file.read_to_string(&mut text))
+        {
+            return format!("(cannot read {}: {error})", self.log_path.display());
+        }
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Whether etcd still runs (its supervisor exits as soon as etcd does).
+    pub fn is_running(&self) -> bool {
+        let mut supervisor = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        matches!(supervisor.try_wait(), Ok(None))
+    }
+
+    /// SIGKILLs etcd by PID and waits until it is gone. Idempotent.
+    pub fn kill(&self) {
+        let Ok(pid) = i32::try_from(self.pid) else {
+            return;
+        };
+        // ESRCH: already dead, which is what we want.
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.is_running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `GET /health` over plain HTTP on the client port; true when etcd reports healthy.
+    pub fn is_healthy(&self) -> bool {
+        http_request(self.client_port, "GET", "/health", "")
+            .is_ok_and(|body| body.contains(r#""health":"true""#))
+    }
+
+    /// This member's id and the leader's id as it sees them (`/v3/maintenance/status`).
+    pub fn status(&self) -> anyhow::Result<MemberStatus> {
+        let body = http_request(self.client_port, "POST", "/v3/maintenance/status", "{}")?;
+        let json: serde_json::Value =
+            serde_json::from_str(&body).with_context(|| format!("status body {body:?}"))?;
+        let field = |value: &serde_json::Value| value.as_str().map(str::to_owned);
+        Ok(MemberStatus {
+            member_id: field(&json["header"]["member_id"])
+                .ok_or_else(|| anyhow!("no member_id in {body}"))?,
+            leader_id: field(&json["leader"]).ok_or_else(|| anyhow!("no leader in {body}"))?,
+        })
+    }
+}
+
+impl Drop for EtcdProcess {
+    fn drop(&mut self) {
+        self.kill();
+        // The supervisor has exited (or been given up on); closing the lifeline now only
+        // releases its watcher.
+        drop(
+            self.lifeline
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        if std::thread::panicking()
+            && let Some(dir) = self.dir.take()
+        {
+            let kept = dir.keep();
+            let _ = std::fs::remove_dir_all(kept.join("data"));
+            eprintln!(
+                "etcd {} log kept at {}",
+                self.name,
+                kept.join("etcd.log").display()
+            );
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub member_id: String,
+    pub leader_id: String,
+}
+
+/// A minimal HTTP/1.1 exchange with etcd's client port (which also speaks HTTP/JSON), so
+/// the harness needs no async runtime and works inside any test.
+fn http_request(port: u16, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut request = String::new();
+    write!(
+        request,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.write_all(request.as_bytes())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("malformed HTTP response {response:?}"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("{method} {path}: {head}");
+    }
+    Ok(body.to_owned())
+}
+
+/// A multi-member etcd cluster on loopback.
+pub struct EtcdCluster {
+    members: Vec<EtcdProcess>,
+}
+
+impl EtcdCluster {
+    /// Starts `size` members and waits until every one is healthy; panics with their log
+    /// tails otherwise.
+    pub fn start(size: usize) -> Self {
+        Self::try_start(size)
+            .unwrap_or_else(|error| panic!("etcd cluster did not start: {error:#}"))
+    }
+
+    pub fn try_start(size: usize) -> anyhow::Result<Self> {
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            match Self::start_once(size) {
+                Ok(cluster) => return Ok(cluster),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow!("no start attempt made")))
+    }
+
+    fn start_once(size: usize) -> anyhow::Result<Self> {
+        let token = format!("berth-{:x}", rand::random::<u64>());
+        let mut ports = Vec::with_capacity(size);
+        for _ in 0..size {
+            ports.push((free_port()?, free_port()?));
+        }
+        let names: Vec<String> = (0..size).map(|index| format!("member{index}")).collect();
+        let initial_cluster = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, (_, peer_port))| MemberSpec::peer_url(name, *peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::with_capacity(size);
+        for (name, (client_port, peer_port)) in names.into_iter().zip(ports) {
+            members.push(EtcdProcess::spawn(&MemberSpec {
+                name,
+                client_port,
+                peer_port,
+                initial_cluster: initial_cluster.clone(),
+                cluster_token: token.clone(),
+            })?);
+        }
+        let deadline = Instant::now() + READY_DEADLINE;
+        for member in &members {
+            if let Err(error) = member.wait_ready(deadline) {
+                // Keep every member's log; the one that failed may be a victim of another.
+                members.into_iter().for_each(EtcdProcess::keep_log);
+                return Err(error);
+            }
+        }
+        Ok(Self { members })
+    }
+
+    pub fn members(&self) -> &[EtcdProcess] {
+        &self.members
+    }
+
+    /// Client URLs of all members, dead ones included.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdProcess::endpoint).collect()
+    }
+
+    /// SIGKILLs member `index` and waits until it is gone.
+    pub fn kill_member(&self, index: usize) {
+        self.members[index].kill();
+    }
+
+    /// Waits until the live members agree on a leader and returns its index; panics after
+    /// `deadline` with every member's log tail.
+    pub fn wait_for_leader(&self, deadline: Duration) -> usize {
+        let until = Instant::now() + deadline;
+        loop {
+            if let Some(leader) = self.leader_index() {
+                return leader;
+            }
+            if Instant::now() >= until {
+                let logs: String = self
+                    .members
+                    .iter()
+                    .map(|member| format!("--- {}:\n{}\n", member.name(), member.log_tail(15)))
+                    .collect();
+                panic!("etcd members did not agree on a leader within {deadline:?}\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The index of the member every live member agrees is leader, if they agree.
+    pub fn leader_index(&self) -> Option<usize> {
+        let statuses: Vec<MemberStatus> = self
+            .members
+            .iter()
+            .filter(|member| member.is_running())
+            .filter_map(|member| member.status().ok())
+            .collect();
+        let leader = &statuses.first()?.leader_id;
+        if statuses.iter().any(|status| &status.leader_id != leader) {
+            return None;
+        }
+        self.members.iter().position(|member| {
+            member
+                .status()
+                .is_ok_and(|status| &status.member_id == leader)
+        })
+    }
+}
+
+/// One etcd for the whole test binary, started on first use. Never dropped: the supervisor
+/// kills it when the test process exits (see the module docs).
+pub fn shared() -> &'static EtcdProcess {
+    static SHARED: OnceLock<EtcdProcess> = OnceLock::new();
+    SHARED.get_or_init(EtcdProcess::start)
+}
+
+/// A registry client for `endpoints` with test-friendly timeouts; panics if it cannot
+/// connect.
+pub async fn connect(endpoints: Vec<String>) -> Arc<EtcdRegistry> {
+    let config = EtcdConfig {
+        endpoints: endpoints.clone(),
+        ..EtcdConfig::default()
+    };
+    match EtcdRegistry::connect(config).await {
+        Ok(registry) => registry,
+        Err(error) => panic!("cannot connect to etcd at {endpoints:?}: {error}"),
+    }
+}
+
+/// A registry client on the shared etcd. Each test gets its own client, because a client
+/// belongs to the runtime it was created on and every `#[tokio::test]` has its own runtime.
+pub async fn shared_registry() -> Arc<EtcdRegistry> {
+    let etcd = shared();
+    let config = EtcdConfig::new([etcd.endpoint()]);
+    match EtcdRegistry::connect(config).await {
+        Ok(registry) => registry,
+        Err(error) => panic!(
+            "cannot connect to the shared etcd at {}: {error}; log {}:\n{}",
+            etcd.endpoint(),
+            etcd.log_path().display(),
+            etcd.log_tail(30)
+        ),
+    }
+}

@@ -1,0 +1,204 @@
+//! The etcd harness itself, and `EtcdRegistry`'s deadlines and retries against dead members.
+
+use std::time::{Duration, Instant};
+
+use berth_control_plane::registry::Registry;
+use berth_control_plane::registry::etcd::{EtcdConfig, EtcdRegistry};
+use berth_tests::etcd::{EtcdCluster, EtcdProcess};
+use bytes::Bytes;
+
+fn key(test: &str) -> String {
+    format!("/berth-harness/{test}/{:016x}", rand::random::<u64>())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_etcd_fails_calls_within_the_deadline() {
+    let etcd = EtcdProcess::start();
+    let call_timeout = Duration::from_secs(2);
+    let registry = EtcdRegistry::connect(EtcdConfig {
+        call_timeout,
+        ..EtcdConfig::new([etcd.endpoint()])
+    })
+    .await
+    .expect("connect");
+    let key = key("killed");
+    registry
+        .put(&key, Bytes::from_static(b"v"))
+        .await
+        .expect("put while alive");
+
+    etcd.kill();
+    assert!(!etcd.is_running(), "kill waits until etcd is gone");
+    assert!(
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(etcd.pid()).expect("pid")),
+            None
+        )
+        .is_err(),
+        "no process with etcd's pid remains"
+    );
+    for operation in ["get", "put"] {
+        let started = Instant::now();
+        let result = match operation {
+            "get" => registry.get(&key).await.map(|_| ()),
+            _ => registry.put(&key, Bytes::new()).await.map(|_| ()),
+        };
+        let elapsed = started.elapsed();
+        match result {
+            Err(error) => assert!(error.is_retryable(), "{operation}: {error} is retryable"),
+            Ok(()) => panic!("{operation} succeeded against a dead etcd"),
+        }
+        assert!(
+            elapsed < call_timeout + Duration::from_secs(1),
+            "{operation} took {elapsed:?}, past its {call_timeout:?} deadline"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_nothing_fails_fast() {
+    let port = berth_tests::etcd::free_port().expect("port");
+    let started = Instant::now();
+    let result = EtcdRegistry::connect(EtcdConfig {
+        call_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+        ..EtcdConfig::new([format!("http://127.0.0.1:{port}")])
+    })
+    .await;
+    match result {
+        Err(error) => assert!(error.is_retryable(), "{error}"),
+        Ok(_) => panic!("connected to a closed port"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Writes that start after a follower died must all succeed: the client keeps trying the
+/// dead endpoint, and the registry retries those undelivered calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_keeps_serving_after_a_follower_dies() {
+    let cluster = EtcdCluster::start(3);
+    let registry = berth_tests::etcd::connect(cluster.endpoints()).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
+    let follower = (leader + 1) % cluster.members().len();
+    let lease = registry
+        .grant_lease(Duration::from_secs(5))
+        .await
+        .expect("grant");
+
+    cluster.kill_member(follower);
+    let prefix = key("follower-down");
+    for index in 0..200 {
+        let key = format!("{prefix}/{index}");
+        let outcome = registry
+            .create_if_absent(&key, Bytes::from(format!("{index}")), 0)
+            .await
+            .unwrap_or_else(|error| panic!("write {index} with a follower down: {error}"));
+        assert!(outcome.is_ok(), "write {index} created its key");
+        registry.get(&key).await.expect("read with a follower down");
+    }
+    registry
+        .keep_alive(lease)
+        .await
+        .expect("keep-alive with a follower down");
+    let listed = registry.range(&prefix).await.expect("range");
+    assert_eq!(listed.kvs.len(), 200);
+}
+
+/// Killing the leader may fail calls during the election, but only with retryable errors,
+/// never past the call deadline, and the cluster serves again soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_recovers_after_the_leader_dies() {
+    let cluster = EtcdCluster::start(3);
+    let call_timeout = Duration::from_secs(3);
+    let registry = EtcdRegistry::connect(EtcdConfig {
+        call_timeout,
+        ..EtcdConfig::new(cluster.endpoints())
+    })
+    .await
+    .expect("connect");
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
+    cluster.kill_member(leader);
+
+    let prefix = key("leader-down");
+    let recovered_by = Instant::now() + Duration::from_secs(20);
+    let mut consecutive_successes = 0;
+    let mut failures = Vec::new();
+    let mut index = 0;
+    while consecutive_successes < 20 {
+        assert!(
+            Instant::now() < recovered_by,
+            "no recovery 20 s after the leader died; failures: {failures:?}"
+        );
+        index += 1;
+        let started = Instant::now();
+        let result = registry
+            .put(&format!("{prefix}/{index}"), Bytes::new())
+            .await;
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < call_timeout + Duration::from_secs(1),
+            "put took {elapsed:?}"
+        );
+        match result {
+            Ok(_) => consecutive_successes += 1,
+            Err(error) => {
+                assert!(error.is_retryable(), "{error}");
+                failures.push(format!("{error} after {elapsed:?}"));
+                consecutive_successes = 0;
+            }
+        }
+    }
+    eprintln!("leader down: retryable failures before recovery: {failures:?}");
+}
+
+/// Prints sequential and concurrent txn latency against one local etcd; informational.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement; run with --ignored --nocapture"]
+async fn measure_txn_latency() {
+    let etcd = EtcdProcess::start();
+    let registry = berth_tests::etcd::connect(vec![etcd.endpoint()]).await;
+    let prefix = key("latency");
+    let mut samples = Vec::new();
+    for index in 0..1000 {
+        let started = Instant::now();
+        let created = registry
+            .create_if_absent(&format!("{prefix}/{index}"), Bytes::new(), 0)
+            .await
+            .expect("txn");
+        samples.push(started.elapsed());
+        assert!(created.is_ok());
+    }
+    samples.sort();
+    let percentile = |p: usize| samples[samples.len() * p / 100];
+    eprintln!(
+        "sequential create_if_absent: p50 {:?} p99 {:?} max {:?}",
+        percentile(50),
+        percentile(99),
+        samples[samples.len() - 1]
+    );
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..64 {
+        let registry = registry.clone();
+        let prefix = prefix.clone();
+        tasks.push(tokio::spawn(async move {
+            for index in 0..100 {
+                let key = format!("{prefix}/c{worker}/{index}");
+                registry.put(&key, Bytes::new()).await.expect("put");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let elapsed = started.elapsed();
+    eprintln!(
+        "64 in flight: 6400 puts in {elapsed:?} ({:.0}/s)",
+        6400.0 / elapsed.as_secs_f64()
+    );
+}
