@@ -162,10 +162,7 @@ impl EtcdProcess {
     }
 
     fn spawn(spec: &MemberSpec) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("berth-etcd-")
-            .tempdir()
-            .context("create etcd temp dir")?;
+        let dir = tempfile::Builder::new().prefix("berth-etcd-").tempdir().context("create etcd temp dir")?;
         let log_path = dir.path().join("etcd.log");
         let binary = etcd_binary();
         let mut command = Command::new("/bin/sh");
@@ -186,22 +183,14 @@ impl EtcdProcess {
                 command.env_remove(variable);
             }
         }
-        let mut supervisor = command
-            .spawn()
-            .with_context(|| format!("spawn the etcd supervisor for {}", binary.display()))?;
+        let mut supervisor =
+            command.spawn().with_context(|| format!("spawn the etcd supervisor for {}", binary.display()))?;
         let lifeline = supervisor.stdin.take();
-        let stdout = supervisor
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("supervisor has no stdout"))?;
+        let stdout = supervisor.stdout.take().ok_or_else(|| anyhow!("supervisor has no stdout"))?;
         let mut first_line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first_line)
-            .context("read etcd pid from the supervisor")?;
-        let pid: u32 = first_line
-            .trim()
-            .parse()
-            .with_context(|| format!("supervisor printed {first_line:?} instead of a pid"))?;
+        BufReader::new(stdout).read_line(&mut first_line).context("read etcd pid from the supervisor")?;
+        let pid: u32 =
+            first_line.trim().parse().with_context(|| format!("supervisor printed {first_line:?} instead of a pid"))?;
         Ok(Self {
             name: spec.name.clone(),
             client_port: spec.client_port,
@@ -260,9 +249,7 @@ impl EtcdProcess {
     /// The last `lines` lines of etcd's log.
     pub fn log_tail(&self, lines: usize) -> String {
         let mut text = String::new();
-        if let Err(error) =
-            std::fs::File::open(&self.log_path).and_then(|mut file| file.read_to_string(&mut text))
-        {
+        if let Err(error) = std::fs::File::open(&self.log_path).and_then(|mut file| file.read_to_string(&mut text)) {
             return format!("(cannot read {}: {error})", self.log_path.display());
         }
         let all: Vec<&str> = text.lines().collect();
@@ -271,10 +258,7 @@ impl EtcdProcess {
 
     /// Whether etcd still runs (its supervisor exits as soon as etcd does).
     pub fn is_running(&self) -> bool {
-        let mut supervisor = self
-            .supervisor
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut supervisor = self.supervisor.lock().unwrap_or_else(PoisonError::into_inner);
         matches!(supervisor.try_wait(), Ok(None))
     }
 
@@ -293,19 +277,16 @@ impl EtcdProcess {
 
     /// `GET /health` over plain HTTP on the client port; true when etcd reports healthy.
     pub fn is_healthy(&self) -> bool {
-        http_request(self.client_port, "GET", "/health", "")
-            .is_ok_and(|body| body.contains(r#""health":"true""#))
+        http_request(self.client_port, "GET", "/health", "").is_ok_and(|body| body.contains(r#""health":"true""#))
     }
 
     /// This member's id and the leader's id as it sees them (`/v3/maintenance/status`).
     pub fn status(&self) -> anyhow::Result<MemberStatus> {
         let body = http_request(self.client_port, "POST", "/v3/maintenance/status", "{}")?;
-        let json: serde_json::Value =
-            serde_json::from_str(&body).with_context(|| format!("status body {body:?}"))?;
+        let json: serde_json::Value = serde_json::from_str(&body).with_context(|| format!("status body {body:?}"))?;
         let field = |value: &serde_json::Value| value.as_str().map(str::to_owned);
         Ok(MemberStatus {
-            member_id: field(&json["header"]["member_id"])
-                .ok_or_else(|| anyhow!("no member_id in {body}"))?,
+            member_id: field(&json["header"]["member_id"]).ok_or_else(|| anyhow!("no member_id in {body}"))?,
             leader_id: field(&json["leader"]).ok_or_else(|| anyhow!("no leader in {body}"))?,
         })
     }
@@ -316,22 +297,13 @@ impl Drop for EtcdProcess {
         self.kill();
         // The supervisor has exited (or been given up on); closing the lifeline now only
         // releases its watcher.
-        drop(
-            self.lifeline
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
+        drop(self.lifeline.lock().unwrap_or_else(PoisonError::into_inner).take());
         if std::thread::panicking()
             && let Some(dir) = self.dir.take()
         {
             let kept = dir.keep();
             let _ = std::fs::remove_dir_all(kept.join("data"));
-            eprintln!(
-                "etcd {} log kept at {}",
-                self.name,
-                kept.join("etcd.log").display()
-            );
+            eprintln!("etcd {} log kept at {}", self.name, kept.join("etcd.log").display());
         }
     }
 }
@@ -359,9 +331,8 @@ fn http_request(port: u16, method: &str, path: &str, body: &str) -> anyhow::Resu
     stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("malformed HTTP response {response:?}"))?;
+    let (head, body) =
+        response.split_once("\r\n\r\n").ok_or_else(|| anyhow!("malformed HTTP response {response:?}"))?;
     if !head.starts_with("HTTP/1.1 200") {
         bail!("{method} {path}: {head}");
     }
@@ -377,8 +348,7 @@ impl EtcdCluster {
     /// Starts `size` members and waits until every one is healthy; panics with their log
     /// tails otherwise.
     pub fn start(size: usize) -> Self {
-        Self::try_start(size)
-            .unwrap_or_else(|error| panic!("etcd cluster did not start: {error:#}"))
+        Self::try_start(size).unwrap_or_else(|error| panic!("etcd cluster did not start: {error:#}"))
     }
 
     pub fn try_start(size: usize) -> anyhow::Result<Self> {
@@ -472,11 +442,7 @@ impl EtcdCluster {
         if statuses.iter().any(|status| &status.leader_id != leader) {
             return None;
         }
-        self.members.iter().position(|member| {
-            member
-                .status()
-                .is_ok_and(|status| &status.member_id == leader)
-        })
+        self.members.iter().position(|member| member.status().is_ok_and(|status| &status.member_id == leader))
     }
 }
 
@@ -490,10 +456,7 @@ pub fn shared() -> &'static EtcdProcess {
 /// A registry client for `endpoints` with test-friendly timeouts; panics if it cannot
 /// connect.
 pub async fn connect(endpoints: Vec<String>) -> Arc<EtcdRegistry> {
-    let config = EtcdConfig {
-        endpoints: endpoints.clone(),
-        ..EtcdConfig::default()
-    };
+    let config = EtcdConfig { endpoints: endpoints.clone(), ..EtcdConfig::default() };
     match EtcdRegistry::connect(config).await {
         Ok(registry) => registry,
         Err(error) => panic!("cannot connect to etcd at {endpoints:?}: {error}"),

@@ -15,26 +15,16 @@ fn key(test: &str) -> String {
 async fn killed_etcd_fails_calls_within_the_deadline() {
     let etcd = EtcdProcess::start();
     let call_timeout = Duration::from_secs(2);
-    let registry = EtcdRegistry::connect(EtcdConfig {
-        call_timeout,
-        ..EtcdConfig::new([etcd.endpoint()])
-    })
-    .await
-    .expect("connect");
-    let key = key("killed");
-    registry
-        .put(&key, Bytes::from_static(b"v"))
+    let registry = EtcdRegistry::connect(EtcdConfig { call_timeout, ..EtcdConfig::new([etcd.endpoint()]) })
         .await
-        .expect("put while alive");
+        .expect("connect");
+    let key = key("killed");
+    registry.put(&key, Bytes::from_static(b"v")).await.expect("put while alive");
 
     etcd.kill();
     assert!(!etcd.is_running(), "kill waits until etcd is gone");
     assert!(
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(etcd.pid()).expect("pid")),
-            None
-        )
-        .is_err(),
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(etcd.pid()).expect("pid")), None).is_err(),
         "no process with etcd's pid remains"
     );
     for operation in ["get", "put"] {
@@ -69,11 +59,7 @@ async fn connect_to_nothing_fails_fast() {
         Err(error) => assert!(error.is_retryable(), "{error}"),
         Ok(_) => panic!("connected to a closed port"),
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
 }
 
 /// Writes that start after a follower died must all succeed: the client keeps trying the
@@ -84,10 +70,7 @@ async fn cluster_keeps_serving_after_a_follower_dies() {
     let registry = berth_tests::etcd::connect(cluster.endpoints()).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10));
     let follower = (leader + 1) % cluster.members().len();
-    let lease = registry
-        .grant_lease(Duration::from_secs(5))
-        .await
-        .expect("grant");
+    let lease = registry.grant_lease(Duration::from_secs(5)).await.expect("grant");
 
     cluster.kill_member(follower);
     let prefix = key("follower-down");
@@ -100,10 +83,7 @@ async fn cluster_keeps_serving_after_a_follower_dies() {
         assert!(outcome.is_ok(), "write {index} created its key");
         registry.get(&key).await.expect("read with a follower down");
     }
-    registry
-        .keep_alive(lease)
-        .await
-        .expect("keep-alive with a follower down");
+    registry.keep_alive(lease).await.expect("keep-alive with a follower down");
     let listed = registry.range(&prefix).await.expect("range");
     assert_eq!(listed.kvs.len(), 200);
 }
@@ -114,12 +94,9 @@ async fn cluster_keeps_serving_after_a_follower_dies() {
 async fn cluster_recovers_after_the_leader_dies() {
     let cluster = EtcdCluster::start(3);
     let call_timeout = Duration::from_secs(3);
-    let registry = EtcdRegistry::connect(EtcdConfig {
-        call_timeout,
-        ..EtcdConfig::new(cluster.endpoints())
-    })
-    .await
-    .expect("connect");
+    let registry = EtcdRegistry::connect(EtcdConfig { call_timeout, ..EtcdConfig::new(cluster.endpoints()) })
+        .await
+        .expect("connect");
     let leader = cluster.wait_for_leader(Duration::from_secs(10));
     cluster.kill_member(leader);
 
@@ -129,20 +106,12 @@ async fn cluster_recovers_after_the_leader_dies() {
     let mut failures = Vec::new();
     let mut index = 0;
     while consecutive_successes < 20 {
-        assert!(
-            Instant::now() < recovered_by,
-            "no recovery 20 s after the leader died; failures: {failures:?}"
-        );
+        assert!(Instant::now() < recovered_by, "no recovery 20 s after the leader died; failures: {failures:?}");
         index += 1;
         let started = Instant::now();
-        let result = registry
-            .put(&format!("{prefix}/{index}"), Bytes::new())
-            .await;
+        let result = registry.put(&format!("{prefix}/{index}"), Bytes::new()).await;
         let elapsed = started.elapsed();
-        assert!(
-            elapsed < call_timeout + Duration::from_secs(1),
-            "put took {elapsed:?}"
-        );
+        assert!(elapsed < call_timeout + Duration::from_secs(1), "put took {elapsed:?}");
         match result {
             Ok(_) => consecutive_successes += 1,
             Err(error) => {
@@ -165,10 +134,7 @@ async fn measure_txn_latency() {
     let mut samples = Vec::new();
     for index in 0..1000 {
         let started = Instant::now();
-        let created = registry
-            .create_if_absent(&format!("{prefix}/{index}"), Bytes::new(), 0)
-            .await
-            .expect("txn");
+        let created = registry.create_if_absent(&format!("{prefix}/{index}"), Bytes::new(), 0).await.expect("txn");
         samples.push(started.elapsed());
         assert!(created.is_ok());
     }
@@ -197,8 +163,5 @@ async fn measure_txn_latency() {
         task.await.expect("task");
     }
     let elapsed = started.elapsed();
-    eprintln!(
-        "64 in flight: 6400 puts in {elapsed:?} ({:.0}/s)",
-        6400.0 / elapsed.as_secs_f64()
-    );
+    eprintln!("64 in flight: 6400 puts in {elapsed:?} ({:.0}/s)", 6400.0 / elapsed.as_secs_f64());
 }

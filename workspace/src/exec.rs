@@ -18,9 +18,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{
-    BoxedReader, BoxedWriter, ExecEvent, ExecOutput, ExecSpec, ExitInfo, ProcessControl, Spawned,
-};
+use crate::backend::{BoxedReader, BoxedWriter, ExecEvent, ExecOutput, ExecSpec, ExitInfo, ProcessControl, Spawned};
 use crate::error::{Result, WorkspaceError};
 
 /// Size of one read from a pipe, and so the largest output chunk.
@@ -54,10 +52,7 @@ pub async fn run_to_completion(spawned: Spawned, spec: &ExecSpec) -> Result<Exec
             }
         }
     }
-    Err(WorkspaceError::Backend {
-        backend: "exec",
-        message: "process output ended without an exit status".into(),
-    })
+    Err(WorkspaceError::Backend { backend: "exec", message: "process output ended without an exit status".into() })
 }
 
 /// Streams a spawned process's output as events, then exactly one `Exit` (see
@@ -95,12 +90,7 @@ struct Pump {
 }
 
 async fn pump(spawned: Spawned, spec: ExecSpec, events: mpsc::Sender<Result<ExecEvent>>) {
-    let Spawned {
-        stdin,
-        stdout,
-        stderr,
-        control,
-    } = spawned;
+    let Spawned { stdin, stdout, stderr, control } = spawned;
     let started = Instant::now();
     // The writer runs apart from the readers: a child that reads stdin only after filling
     // its stdout pipe would otherwise deadlock against us. The guard stops it when we end.
@@ -123,11 +113,7 @@ async fn pump(spawned: Spawned, spec: ExecSpec, events: mpsc::Sender<Result<Exec
         Ok(()) => {
             let exit = state.exit.unwrap_or_default();
             let output = ExecOutput {
-                exit_code: if state.timed_out {
-                    -1
-                } else {
-                    exit.code.unwrap_or(-1)
-                },
+                exit_code: if state.timed_out { -1 } else { exit.code.unwrap_or(-1) },
                 signal: exit.signal,
                 stdout: Bytes::new(),
                 stderr: Bytes::new(),
@@ -194,11 +180,7 @@ impl Pump {
     }
 
     /// Delivers an output chunk; the time the consumer kept us waiting extends the drain.
-    async fn deliver_output(
-        &mut self,
-        event: ExecEvent,
-        drain_deadline: &mut Option<Instant>,
-    ) -> Result<(), Stop> {
+    async fn deliver_output(&mut self, event: ExecEvent, drain_deadline: &mut Option<Instant>) -> Result<(), Stop> {
         let started = Instant::now();
         self.deliver(Ok(event)).await?;
         if let Some(deadline) = drain_deadline.as_mut() {
@@ -228,21 +210,14 @@ impl Pump {
     }
 
     async fn kill_for_timeout(&mut self) -> Result<(), Stop> {
-        tracing::debug!(
-            timeout_ms = self.timeout.as_millis() as u64,
-            "exec timed out, killing its process tree"
-        );
+        tracing::debug!(timeout_ms = self.timeout.as_millis() as u64, "exec timed out, killing its process tree");
         self.timed_out = true;
         self.control.kill().await.map_err(Stop::Failed)
     }
 }
 
 fn pipe_error(stream: &'static str, source: std::io::Error) -> Stop {
-    Stop::Failed(WorkspaceError::Io {
-        op: "read exec output",
-        path: stream.to_owned(),
-        source,
-    })
+    Stop::Failed(WorkspaceError::Io { op: "read exec output", path: stream.to_owned(), source })
 }
 
 /// Writes stdin, then closes it so the child sees EOF. Write errors are expected and
@@ -329,10 +304,7 @@ mod tests {
                 return Ok(status);
             }
             let status = match self.exit.as_mut() {
-                Some(receiver) => receiver.await.unwrap_or(ExitInfo {
-                    code: None,
-                    signal: Some(9),
-                }),
+                Some(receiver) => receiver.await.unwrap_or(ExitInfo { code: None, signal: Some(9) }),
                 None => std::future::pending().await,
             };
             self.status = Some(status);
@@ -341,10 +313,7 @@ mod tests {
         async fn kill(&mut self) -> Result<()> {
             self.killed.store(true, std::sync::atomic::Ordering::SeqCst);
             // A kill makes the process exit with SIGKILL.
-            self.status = Some(ExitInfo {
-                code: None,
-                signal: Some(9),
-            });
+            self.status = Some(ExitInfo { code: None, signal: Some(9) });
             Ok(())
         }
     }
@@ -360,11 +329,7 @@ mod tests {
             stdin: Box::pin(stdin_writer),
             stdout: Box::pin(out_reader),
             stderr: Box::pin(err_reader),
-            control: Box::new(FakeControl {
-                exit: Some(exit_receiver),
-                killed: killed.clone(),
-                status: None,
-            }),
+            control: Box::new(FakeControl { exit: Some(exit_receiver), killed: killed.clone(), status: None }),
         };
         let mut spec = ExecSpec::new(vec!["fake".into()]);
         spec.max_output_bytes = 5;
@@ -372,12 +337,7 @@ mod tests {
         out_writer.write_all(b"hello world").await.unwrap();
         drop(out_writer);
         drop(err_writer);
-        exit_sender
-            .send(ExitInfo {
-                code: Some(3),
-                signal: None,
-            })
-            .unwrap();
+        exit_sender.send(ExitInfo { code: Some(3), signal: None }).unwrap();
         let output = task.await.unwrap().unwrap();
         assert_eq!(output.exit_code, 3);
         assert_eq!(&output.stdout[..], b"hello");
@@ -396,11 +356,7 @@ mod tests {
             stdin: Box::pin(stdin_writer),
             stdout: Box::pin(out_reader),
             stderr: Box::pin(err_reader),
-            control: Box::new(FakeControl {
-                exit: None,
-                killed: killed.clone(),
-                status: None,
-            }),
+            control: Box::new(FakeControl { exit: None, killed: killed.clone(), status: None }),
         };
         let mut spec = ExecSpec::new(vec!["fake".into()]);
         spec.timeout = Duration::from_secs(2);
@@ -424,12 +380,7 @@ mod tests {
         // open afterwards like an orphan holding the pipe.
         let payload = vec![b'o'; 2 * 1024 * 1024];
         out_writer.write_all(&payload).await.unwrap();
-        exit_sender
-            .send(ExitInfo {
-                code: Some(0),
-                signal: None,
-            })
-            .unwrap();
+        exit_sender.send(ExitInfo { code: Some(0), signal: None }).unwrap();
         let spawned = Spawned {
             stdin: Box::pin(stdin_writer),
             stdout: Box::pin(out_reader),

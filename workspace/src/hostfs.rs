@@ -56,11 +56,7 @@ impl HostFs {
             .map_err(|error| WorkspaceError::from_io("open workspace root", &display, error))?;
         let dir = Dir::open_ambient_dir(&host_root, ambient_authority())
             .map_err(|error| WorkspaceError::from_io("open workspace root", &display, error))?;
-        Ok(Self {
-            root: Arc::new(dir),
-            host_root,
-            owner: None,
-        })
+        Ok(Self { root: Arc::new(dir), host_root, owner: None })
     }
 
     /// Makes every file and directory created from now on owned by `uid:gid`.
@@ -91,33 +87,23 @@ impl HostFs {
                 let mut options = OpenOptions::new();
                 // Non-blocking so that opening a FIFO cannot hang a blocking-pool thread;
                 // it makes no difference to regular files.
-                options
-                    .read(true)
-                    .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY);
+                options.read(true).custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY);
                 let file = root
                     .open_with(display, &options)
                     .map_err(|error| WorkspaceError::from_io("open", display, error))?;
-                let metadata = file
-                    .metadata()
-                    .map_err(|error| WorkspaceError::from_io("stat", display, error))?;
+                let metadata = file.metadata().map_err(|error| WorkspaceError::from_io("stat", display, error))?;
                 if metadata.is_dir() {
-                    return Err(WorkspaceError::IsADirectory {
-                        path: display.to_owned(),
-                    });
+                    return Err(WorkspaceError::IsADirectory { path: display.to_owned() });
                 }
                 if !metadata.is_file() {
-                    return Err(WorkspaceError::InvalidArgument(format!(
-                        "{display:?} is not a regular file"
-                    )));
+                    return Err(WorkspaceError::InvalidArgument(format!("{display:?} is not a regular file")));
                 }
                 Ok(file.into_std())
             })
             .await?;
         let reader = tokio::fs::File::from_std(file);
         Ok(ReaderStream::with_capacity(reader, DEFAULT_CHUNK_BYTES)
-            .map(move |chunk| {
-                chunk.map_err(|error| WorkspaceError::from_io("read", &display, error))
-            })
+            .map(move |chunk| chunk.map_err(|error| WorkspaceError::from_io("read", &display, error)))
             .boxed())
     }
 
@@ -129,20 +115,14 @@ impl HostFs {
     /// On any error — a failing stream, `options.max_bytes` exceeded (`LimitExceeded
     /// {limit: "file size"}`), a disk error, or the future being dropped — the temp file and
     /// the parents this call created are removed: nothing is left half-written.
-    pub async fn write_file(
-        &self,
-        path: &RelPath,
-        mut data: ByteStream,
-        options: WriteOptions,
-    ) -> Result<u64> {
+    pub async fn write_file(&self, path: &RelPath, mut data: ByteStream, options: WriteOptions) -> Result<u64> {
         let display = path.as_fs_str().to_owned();
         if path.is_root() {
             return Err(WorkspaceError::IsADirectory { path: display });
         }
         let relative = path.clone();
-        let (prepared, mut pending) = self
-            .blocking(move |root, owner| prepare_write(root, &relative, owner, options.mode))
-            .await?;
+        let (prepared, mut pending) =
+            self.blocking(move |root, owner| prepare_write(root, &relative, owner, options.mode)).await?;
         let outcome = async {
             let mut file = tokio::fs::File::from_std(prepared);
             let mut written: u64 = 0;
@@ -156,21 +136,16 @@ impl HostFs {
                         max: options.max_bytes,
                     });
                 }
-                file.write_all(&chunk)
-                    .await
-                    .map_err(|error| WorkspaceError::from_io("write", &display, error))?;
+                file.write_all(&chunk).await.map_err(|error| WorkspaceError::from_io("write", &display, error))?;
                 written = total;
             }
             // sync_all flushes tokio's in-flight write first, then fsyncs: the data is on
             // disk before the rename makes it visible.
-            file.sync_all()
-                .await
-                .map_err(|error| WorkspaceError::from_io("fsync", &display, error))?;
+            file.sync_all().await.map_err(|error| WorkspaceError::from_io("fsync", &display, error))?;
             drop(file);
             let commit = pending.commit_parts();
             let commit_display = display.clone();
-            self.blocking(move |_root, _owner| commit.rename(&commit_display))
-                .await?;
+            self.blocking(move |_root, _owner| commit.rename(&commit_display)).await?;
             Ok(written)
         }
         .await;
@@ -193,12 +168,8 @@ impl HostFs {
         let relative = path.clone();
         self.blocking(move |root, _owner| {
             let display = relative.as_fs_str();
-            let metadata = if relative.is_root() {
-                root.dir_metadata()
-            } else {
-                root.symlink_metadata(display)
-            }
-            .map_err(|error| WorkspaceError::from_io("stat", display, error))?;
+            let metadata = if relative.is_root() { root.dir_metadata() } else { root.symlink_metadata(display) }
+                .map_err(|error| WorkspaceError::from_io("stat", display, error))?;
             Ok(file_info(relative.clone(), &metadata))
         })
         .await
@@ -216,8 +187,7 @@ impl HostFs {
             for entry in dir.entries().map_err(listed)? {
                 let entry = entry.map_err(listed)?;
                 let name = entry.file_name();
-                let Some(entry_path) = name.to_str().and_then(|name| relative.join(name).ok())
-                else {
+                let Some(entry_path) = name.to_str().and_then(|name| relative.join(name).ok()) else {
                     tracing::debug!(dir = %relative, name = ?name, "skipping an entry a client cannot name");
                     continue;
                 };
@@ -277,13 +247,7 @@ impl HostFs {
         self.blocking(move |root, owner| {
             let display = relative.as_fs_str();
             if relative.is_root() {
-                return if parents {
-                    Ok(())
-                } else {
-                    Err(WorkspaceError::AlreadyExists {
-                        path: display.to_owned(),
-                    })
-                };
+                return if parents { Ok(()) } else { Err(WorkspaceError::AlreadyExists { path: display.to_owned() }) };
             }
             let target = Path::new(relative.as_str());
             if parents && let Some(parent) = target.parent() {
@@ -296,13 +260,9 @@ impl HostFs {
                     // treats a dangling one or a file as "exists, but is not a directory".
                     match root.metadata(target) {
                         Ok(metadata) if metadata.is_dir() => Ok(()),
-                        Ok(_) => Err(WorkspaceError::AlreadyExists {
-                            path: display.to_owned(),
-                        }),
+                        Ok(_) => Err(WorkspaceError::AlreadyExists { path: display.to_owned() }),
                         Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                            Err(WorkspaceError::AlreadyExists {
-                                path: display.to_owned(),
-                            })
+                            Err(WorkspaceError::AlreadyExists { path: display.to_owned() })
                         }
                         Err(error) => Err(WorkspaceError::from_io("stat", display, error)),
                     }
@@ -336,20 +296,15 @@ impl HostFs {
     {
         let root = self.root.clone();
         let owner = self.owner;
-        tokio::task::spawn_blocking(move || work(&root, owner))
-            .await
-            .map_err(|error| WorkspaceError::Backend {
-                backend: "hostfs",
-                message: format!("blocking file task failed: {error}"),
-            })?
+        tokio::task::spawn_blocking(move || work(&root, owner)).await.map_err(|error| WorkspaceError::Backend {
+            backend: "hostfs",
+            message: format!("blocking file task failed: {error}"),
+        })?
     }
 }
 
 fn refuse_root() -> WorkspaceError {
-    WorkspaceError::InvalidPath {
-        path: ".".into(),
-        reason: "the workspace root itself cannot be removed",
-    }
+    WorkspaceError::InvalidPath { path: ".".into(), reason: "the workspace root itself cannot be removed" }
 }
 
 fn file_info(path: RelPath, metadata: &cap_std::fs::Metadata) -> FileInfo {
@@ -374,12 +329,7 @@ fn file_info(path: RelPath, metadata: &cap_std::fs::Metadata) -> FileInfo {
 
 /// Creates every missing directory of `relative` (like `mkdir -p`), following symlinks
 /// inside the root. Returns the directories it created, outermost first.
-fn create_dirs(
-    root: &Dir,
-    relative: &Path,
-    owner: Option<(u32, u32)>,
-    display: &str,
-) -> Result<Vec<PathBuf>> {
+fn create_dirs(root: &Dir, relative: &Path, owner: Option<(u32, u32)>, display: &str) -> Result<Vec<PathBuf>> {
     let mut prefix = PathBuf::new();
     let mut created = Vec::new();
     for component in relative.components() {
@@ -392,9 +342,7 @@ fn create_dirs(
             }
             Component::Normal(_) => prefix.push(component),
             Component::RootDir | Component::Prefix(_) => {
-                return Err(WorkspaceError::PathEscapesRoot {
-                    path: display.to_owned(),
-                });
+                return Err(WorkspaceError::PathEscapesRoot { path: display.to_owned() });
             }
         }
         match root.create_dir(&prefix) {
@@ -403,13 +351,10 @@ fn create_dirs(
                 created.push(prefix.clone());
             }
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
-                let metadata = root
-                    .metadata(&prefix)
-                    .map_err(|error| WorkspaceError::from_io("stat", display, error))?;
+                let metadata =
+                    root.metadata(&prefix).map_err(|error| WorkspaceError::from_io("stat", display, error))?;
                 if !metadata.is_dir() {
-                    return Err(WorkspaceError::NotADirectory {
-                        path: display.to_owned(),
-                    });
+                    return Err(WorkspaceError::NotADirectory { path: display.to_owned() });
                 }
             }
             Err(error) => return Err(WorkspaceError::from_io("mkdir", display, error)),
@@ -422,19 +367,11 @@ fn chown_dir(root: &Dir, relative: &Path, owner: Option<(u32, u32)>, display: &s
     let Some((uid, gid)) = owner else {
         return Ok(());
     };
-    let dir = root
-        .open_dir(relative)
-        .map_err(|error| WorkspaceError::from_io("open", display, error))?;
+    let dir = root.open_dir(relative).map_err(|error| WorkspaceError::from_io("open", display, error))?;
     // cap-std directory handles are O_PATH, which fchown refuses; fchownat with an empty
     // path acts on the handle itself, with no second resolution of the name.
-    nix::unistd::fchownat(
-        &dir,
-        "",
-        Some(Uid::from_raw(uid)),
-        Some(Gid::from_raw(gid)),
-        AtFlags::AT_EMPTY_PATH,
-    )
-    .map_err(|errno| WorkspaceError::from_io("chown", display, io::Error::from(errno)))
+    nix::unistd::fchownat(&dir, "", Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)), AtFlags::AT_EMPTY_PATH)
+        .map_err(|errno| WorkspaceError::from_io("chown", display, io::Error::from(errno)))
 }
 
 /// Where a write lands after following symlinks: a directory handle and a single name in it.
@@ -459,39 +396,26 @@ fn resolve_write_target(
     for _ in 0..=MAX_SYMLINK_HOPS {
         let Some(Component::Normal(name)) = current.components().next_back() else {
             // A symlink target ending in `..` or `/` names a directory.
-            return Err(WorkspaceError::IsADirectory {
-                path: display.to_owned(),
-            });
+            return Err(WorkspaceError::IsADirectory { path: display.to_owned() });
         };
         let name = name.to_owned();
         let parent = current.parent().map(Path::to_path_buf).unwrap_or_default();
         created.extend(create_dirs(root, &parent, owner, display)?);
-        let parent_dir = if parent.as_os_str().is_empty() {
-            root.try_clone()
-        } else {
-            root.open_dir(&parent)
-        }
-        .map_err(|error| WorkspaceError::from_io("open", display, error))?;
+        let parent_dir = if parent.as_os_str().is_empty() { root.try_clone() } else { root.open_dir(&parent) }
+            .map_err(|error| WorkspaceError::from_io("open", display, error))?;
         match parent_dir.symlink_metadata(&name) {
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                return Ok(WriteTarget {
-                    parent: parent_dir,
-                    name,
-                    existing_mode: None,
-                });
+                return Ok(WriteTarget { parent: parent_dir, name, existing_mode: None });
             }
             Err(error) => return Err(WorkspaceError::from_io("stat", display, error)),
             Ok(metadata) if metadata.file_type().is_symlink() => {
                 // cap-std's read_link refuses absolute targets as an escape.
-                let link = parent_dir
-                    .read_link(&name)
-                    .map_err(|error| WorkspaceError::from_io("readlink", display, error))?;
+                let link =
+                    parent_dir.read_link(&name).map_err(|error| WorkspaceError::from_io("readlink", display, error))?;
                 current = parent.join(link);
             }
             Ok(metadata) if metadata.is_dir() => {
-                return Err(WorkspaceError::IsADirectory {
-                    path: display.to_owned(),
-                });
+                return Err(WorkspaceError::IsADirectory { path: display.to_owned() });
             }
             Ok(metadata) => {
                 return Ok(WriteTarget {
@@ -503,9 +427,7 @@ fn resolve_write_target(
         }
     }
     // Like ELOOP: a chain this long is a loop or an attack, either way not followed.
-    Err(WorkspaceError::PathEscapesRoot {
-        path: display.to_owned(),
-    })
+    Err(WorkspaceError::PathEscapesRoot { path: display.to_owned() })
 }
 
 /// Resolves the target and creates the temp file beside it, ready for writing. On error
@@ -550,9 +472,8 @@ fn create_temp(
     let mut options = OpenOptions::new();
     // create_new is O_CREAT|O_EXCL: it never follows a symlink planted at the temp name.
     options.write(true).create_new(true).mode(0o600);
-    let file = parent
-        .open_with(&temp_name, &options)
-        .map_err(|error| WorkspaceError::from_io("create", display, error))?;
+    let file =
+        parent.open_with(&temp_name, &options).map_err(|error| WorkspaceError::from_io("create", display, error))?;
     pending.temp_name = Some(temp_name);
     let file = file.into_std();
     // fchmod after creation: the exact bits, independent of the process umask.
@@ -593,10 +514,7 @@ impl Commit {
         // Make the rename itself durable. The `Dir` handle is O_PATH (no fsync on it), so
         // the directory is opened for reading once more, relative to that handle.
         let sync_dir = |error| WorkspaceError::from_io("fsync directory", display, error);
-        self.parent
-            .open(".")
-            .and_then(|dir| dir.sync_all())
-            .map_err(sync_dir)
+        self.parent.open(".").and_then(|dir| dir.sync_all()).map_err(sync_dir)
     }
 }
 

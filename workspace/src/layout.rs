@@ -36,9 +36,7 @@ pub async fn ensure<B: Backend + ?Sized>(backend: &B) -> Result<()> {
     match backend.stat(&mcp).await {
         Ok(_) => Ok(()),
         Err(WorkspaceError::NotFound { .. }) => {
-            backend
-                .write_bytes(&mcp, Bytes::from_static(EMPTY_MCP), 0o644)
-                .await?;
+            backend.write_bytes(&mcp, Bytes::from_static(EMPTY_MCP), 0o644).await?;
             Ok(())
         }
         Err(error) => Err(error),

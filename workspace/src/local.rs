@@ -19,8 +19,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::backend::{
-    Backend, BackendRef, ByteStream, ExitInfo, FileInfo, ProcessControl, SpawnSpec, Spawned,
-    WriteOptions,
+    Backend, BackendRef, ByteStream, ExitInfo, FileInfo, ProcessControl, SpawnSpec, Spawned, WriteOptions,
 };
 use crate::driver::{BackendDriver, ProvisionContext};
 use crate::error::{Result, WorkspaceError};
@@ -46,10 +45,7 @@ impl LocalBackend {
     }
 
     pub fn from_host_fs(files: HostFs) -> Self {
-        Self {
-            files,
-            base_env: BTreeMap::new(),
-        }
+        Self { files, base_env: BTreeMap::new() }
     }
 
     /// Sets the env every process of this workspace starts with (an exec's env wins).
@@ -98,20 +94,12 @@ impl Backend for LocalBackend {
             .kill_on_drop(false);
         let mut child = command
             .spawn()
-            .map_err(|error| WorkspaceError::SpawnFailed {
-                program: program.clone(),
-                reason: error.to_string(),
-            })?;
-        let missing_pipe = || WorkspaceError::Backend {
-            backend: "local",
-            message: "spawned process has no piped stdio".into(),
-        };
-        let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) = (
-            child.id(),
-            child.stdin.take(),
-            child.stdout.take(),
-            child.stderr.take(),
-        ) else {
+            .map_err(|error| WorkspaceError::SpawnFailed { program: program.clone(), reason: error.to_string() })?;
+        let missing_pipe =
+            || WorkspaceError::Backend { backend: "local", message: "spawned process has no piped stdio".into() };
+        let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) =
+            (child.id(), child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
             return Err(missing_pipe());
         };
         let group = Pid::from_raw(i32::try_from(pid).map_err(|_| missing_pipe())?);
@@ -119,11 +107,7 @@ impl Backend for LocalBackend {
             stdin: Box::pin(stdin),
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
-            control: Box::new(LocalProcess {
-                child,
-                group,
-                reaped: false,
-            }),
+            control: Box::new(LocalProcess { child, group, reaped: false }),
         })
     }
 
@@ -131,12 +115,7 @@ impl Backend for LocalBackend {
         self.files.read_file(path).await
     }
 
-    async fn write_file(
-        &self,
-        path: &RelPath,
-        data: ByteStream,
-        options: WriteOptions,
-    ) -> Result<u64> {
+    async fn write_file(&self, path: &RelPath, data: ByteStream, options: WriteOptions) -> Result<u64> {
         self.files.write_file(path, data, options).await
     }
 
@@ -170,20 +149,13 @@ struct LocalProcess {
 impl ProcessControl for LocalProcess {
     async fn wait(&mut self) -> Result<ExitInfo> {
         // Cancel-safe: tokio's Child::wait keeps its state in the child.
-        let status = self
-            .child
-            .wait()
-            .await
-            .map_err(|source| WorkspaceError::Io {
-                op: "wait for process",
-                path: self.group.to_string(),
-                source,
-            })?;
+        let status = self.child.wait().await.map_err(|source| WorkspaceError::Io {
+            op: "wait for process",
+            path: self.group.to_string(),
+            source,
+        })?;
         self.reaped = true;
-        Ok(ExitInfo {
-            code: status.code(),
-            signal: status.signal(),
-        })
+        Ok(ExitInfo { code: status.code(), signal: status.signal() })
     }
 
     async fn kill(&mut self) -> Result<()> {
@@ -230,14 +202,10 @@ impl LocalDriver {
         Self::default()
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<WorkspaceId, (PathBuf, Arc<LocalBackend>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WorkspaceId, (PathBuf, Arc<LocalBackend>)>> {
         // A panic while holding this lock cannot leave the map inconsistent (single
         // insert/remove), so a poisoned lock is still usable.
-        self.backends
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.backends.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -277,8 +245,7 @@ impl BackendDriver for LocalDriver {
         let backend = Arc::new(backend);
         // Two racing provisions both open the root; the later insert wins and both handles
         // serve the same directory, which keeps provision idempotent.
-        self.lock()
-            .insert(context.workspace_id.clone(), (root, backend.clone()));
+        self.lock().insert(context.workspace_id.clone(), (root, backend.clone()));
         Ok(backend)
     }
 

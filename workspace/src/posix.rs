@@ -148,10 +148,7 @@ async fn run<B: Backend + ?Sized>(
     spec.max_output_bytes = max_output_bytes;
     let output = backend.exec(&spec).await?;
     if output.timed_out {
-        return Err(WorkspaceError::Timeout {
-            operation: op,
-            millis: FILE_OP_TIMEOUT.as_millis() as u64,
-        });
+        return Err(WorkspaceError::Timeout { operation: op, millis: FILE_OP_TIMEOUT.as_millis() as u64 });
     }
     if output.exit_code != 0 {
         return Err(classify(backend.name(), op, path, &output));
@@ -161,12 +158,7 @@ async fn run<B: Backend + ?Sized>(
 
 /// Maps a failed helper run to an error: the script's own exit codes first, then the
 /// (C-locale) strerror text the tools print, then a backend error carrying stderr.
-fn classify(
-    backend: &'static str,
-    op: &'static str,
-    path: &RelPath,
-    output: &ExecOutput,
-) -> WorkspaceError {
+fn classify(backend: &'static str, op: &'static str, path: &RelPath, output: &ExecOutput) -> WorkspaceError {
     let path = path.as_fs_str().to_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     let lowered = stderr.to_ascii_lowercase();
@@ -193,11 +185,7 @@ fn classify(
     } else {
         WorkspaceError::Backend {
             backend,
-            message: format!(
-                "{op} {path:?}: exit code {}: {}",
-                output.exit_code,
-                stderr.trim()
-            ),
+            message: format!("{op} {path:?}: exit code {}: {}", output.exit_code, stderr.trim()),
         }
     }
 }
@@ -220,15 +208,11 @@ pub async fn list_dir<B: Backend + ?Sized>(backend: &B, path: &RelPath) -> Resul
             max: MAX_OUTPUT_BYTES_LIMIT as u64,
         });
     }
-    let records = parse_listing(&output.stdout)
-        .ok_or_else(|| unparsable(backend.name(), "list", &output.stdout))?;
+    let records = parse_listing(&output.stdout).ok_or_else(|| unparsable(backend.name(), "list", &output.stdout))?;
     let mut entries = Vec::with_capacity(records.len());
     for (fields, name) in records {
         // Names a client cannot address (not UTF-8) are skipped, as the host backends do.
-        let Some(entry_path) = std::str::from_utf8(name)
-            .ok()
-            .and_then(|name| path.join(name).ok())
-        else {
+        let Some(entry_path) = std::str::from_utf8(name).ok().and_then(|name| path.join(name).ok()) else {
             tracing::debug!(dir = %path, "skipping an entry a client cannot name");
             continue;
         };
@@ -238,11 +222,7 @@ pub async fn list_dir<B: Backend + ?Sized>(backend: &B, path: &RelPath) -> Resul
     Ok(entries)
 }
 
-pub async fn remove<B: Backend + ?Sized>(
-    backend: &B,
-    path: &RelPath,
-    recursive: bool,
-) -> Result<bool> {
+pub async fn remove<B: Backend + ?Sized>(backend: &B, path: &RelPath, recursive: bool) -> Result<bool> {
     if path.is_root() {
         return Err(WorkspaceError::InvalidPath {
             path: ".".into(),
@@ -259,11 +239,7 @@ pub async fn remove<B: Backend + ?Sized>(
 
 pub async fn mkdir<B: Backend + ?Sized>(backend: &B, path: &RelPath, parents: bool) -> Result<()> {
     if path.is_root() {
-        return if parents {
-            Ok(())
-        } else {
-            Err(WorkspaceError::AlreadyExists { path: ".".into() })
-        };
+        return if parents { Ok(()) } else { Err(WorkspaceError::AlreadyExists { path: ".".into() }) };
     }
     run(backend, "mkdir", path, parents, SMALL_OUTPUT_BYTES).await?;
     Ok(())
@@ -271,10 +247,7 @@ pub async fn mkdir<B: Backend + ?Sized>(backend: &B, path: &RelPath, parents: bo
 
 fn unparsable(backend: &'static str, op: &str, stdout: &[u8]) -> WorkspaceError {
     let preview: String = String::from_utf8_lossy(stdout).chars().take(200).collect();
-    WorkspaceError::Backend {
-        backend,
-        message: format!("unexpected {op} output: {preview:?}"),
-    }
+    WorkspaceError::Backend { backend, message: format!("unexpected {op} output: {preview:?}") }
 }
 
 /// The numbers `stat -c '%f %s %Y'` prints.
@@ -295,16 +268,9 @@ impl StatFields {
             0o120000 => FileKind::Symlink,
             _ => FileKind::Other,
         };
-        let modified = u64::try_from(self.modified_secs)
-            .ok()
-            .map(|secs| SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
-        FileInfo {
-            path,
-            kind,
-            size: self.size,
-            mode: self.raw_mode & 0o7777,
-            modified,
-        }
+        let modified =
+            u64::try_from(self.modified_secs).ok().map(|secs| SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
+        FileInfo { path, kind, size: self.size, mode: self.raw_mode & 0o7777, modified }
     }
 }
 
@@ -346,8 +312,7 @@ mod tests {
 
     #[test]
     fn parses_listing_with_odd_names() {
-        let output =
-            b"81a4 1 1700000000 ./a b/\n41ed 4096 1700000001 ./line\nbreak/\na1ff 4 3 ./-x/\n";
+        let output = b"81a4 1 1700000000 ./a b/\n41ed 4096 1700000001 ./line\nbreak/\na1ff 4 3 ./-x/\n";
         let records = parse_listing(output).unwrap();
         assert_eq!(records.len(), 3);
         assert_eq!(records[0].1, b"a b");
@@ -356,10 +321,7 @@ mod tests {
         let info = records[1].0.into_info(RelPath::parse("line").unwrap());
         assert_eq!(info.kind, FileKind::Directory);
         assert_eq!(info.mode, 0o755);
-        assert_eq!(
-            records[2].0.into_info(RelPath::root()).kind,
-            FileKind::Symlink
-        );
+        assert_eq!(records[2].0.into_info(RelPath::root()).kind, FileKind::Symlink);
         assert!(parse_listing(b"").unwrap().is_empty());
     }
 
@@ -370,13 +332,6 @@ mod tests {
         assert!(parse_listing(b"81a4 1 2 ./x").is_none());
         assert!(parse_stat_fields("zz 1 2").is_none());
         assert!(parse_stat_fields("81a4 1 2 3").is_none());
-        assert_eq!(
-            parse_stat_fields("81a4 10 5"),
-            Some(StatFields {
-                raw_mode: 0o100644,
-                size: 10,
-                modified_secs: 5
-            })
-        );
+        assert_eq!(parse_stat_fields("81a4 10 5"), Some(StatFields { raw_mode: 0o100644, size: 10, modified_secs: 5 }));
     }
 }

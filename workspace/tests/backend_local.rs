@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use berth_workspace::testing::{Fixture, PrimitivesOnly, rel, wait_until};
 use berth_workspace::{
-    Backend, BackendDriver, BackendRef, ExecSpec, HostFs, LocalBackend, LocalDriver,
-    ProvisionContext, WorkspaceError, WorkspaceId, WorkspaceSpec, WriteOptions,
+    Backend, BackendDriver, BackendRef, ExecSpec, HostFs, LocalBackend, LocalDriver, ProvisionContext, WorkspaceError,
+    WorkspaceId, WorkspaceSpec, WriteOptions,
 };
 use bytes::Bytes;
 use futures::StreamExt;
@@ -24,10 +24,7 @@ use tempfile::TempDir;
 /// A temp dir holding the workspace root at `<tmp>/ws`, so the root's parent is private to
 /// the test (the escape corpus checks it stays untouched).
 fn temp_root() -> (TempDir, PathBuf) {
-    let dir = tempfile::Builder::new()
-        .prefix("berth-local-")
-        .tempdir()
-        .expect("create a temp dir");
+    let dir = tempfile::Builder::new().prefix("berth-local-").tempdir().expect("create a temp dir");
     let root = dir.path().join("ws");
     std::fs::create_dir(&root).expect("create the workspace root");
     (dir, root)
@@ -52,10 +49,7 @@ fn busybox_bin(parent: &Path) -> PathBuf {
         .map(PathBuf::from)
         .find(|path| path.exists())
         .expect("busybox is required for the busybox conformance suite (apt-get install busybox)");
-    let listed = std::process::Command::new(&busybox)
-        .arg("--list")
-        .output()
-        .expect("run busybox --list");
+    let listed = std::process::Command::new(&busybox).arg("--list").output().expect("run busybox --list");
     let bin = parent.join("busybox-bin");
     std::fs::create_dir(&bin).expect("create the applet dir");
     for applet in String::from_utf8_lossy(&listed.stdout).lines() {
@@ -84,10 +78,7 @@ async fn busybox_suite_really_uses_busybox() {
     let backend = berth_workspace::testing::BackendFixture::backend(&fixture);
     // Every tool the posix defaults use, looked up the way a spawn looks it up.
     for tool in ["sh", "stat", "find", "readlink", "rm", "rmdir", "mkdir"] {
-        let output = backend
-            .exec(&ExecSpec::new(vec![tool.into(), "--help".into()]))
-            .await
-            .unwrap();
+        let output = backend.exec(&ExecSpec::new(vec![tool.into(), "--help".into()])).await.unwrap();
         let banner = [&output.stdout[..], &output.stderr[..]].concat();
         assert!(
             String::from_utf8_lossy(&banner).contains("BusyBox"),
@@ -102,10 +93,7 @@ async fn reads_in_64k_chunks() {
     let (_dir, root) = temp_root();
     let backend = LocalBackend::open(&root).unwrap();
     let data = vec![7u8; 300 * 1024];
-    backend
-        .write_bytes(&rel("f"), Bytes::from(data.clone()), 0o644)
-        .await
-        .unwrap();
+    backend.write_bytes(&rel("f"), Bytes::from(data.clone()), 0o644).await.unwrap();
     let mut stream = backend.read_file(&rel("f")).await.unwrap();
     let mut total = 0;
     while let Some(chunk) = stream.next().await {
@@ -119,16 +107,12 @@ async fn reads_in_64k_chunks() {
 #[tokio::test]
 async fn process_env_is_minimal() {
     let (_dir, root) = temp_root();
-    let backend = LocalBackend::open(&root)
-        .unwrap()
-        .with_env(BTreeMap::from([("FROM_SPEC".to_owned(), "1".to_owned())]));
+    let backend =
+        LocalBackend::open(&root).unwrap().with_env(BTreeMap::from([("FROM_SPEC".to_owned(), "1".to_owned())]));
     let mut spec = ExecSpec::new(vec!["env".into()]);
     spec.spawn.env = BTreeMap::from([("FROM_EXEC".to_owned(), "2".to_owned())]);
     let output = backend.exec(&spec).await.unwrap();
-    let mut lines: Vec<String> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let mut lines: Vec<String> = String::from_utf8_lossy(&output.stdout).lines().map(str::to_owned).collect();
     lines.sort();
     let home = format!("HOME={}", backend.root().display());
     assert_eq!(
@@ -147,10 +131,7 @@ async fn process_env_is_minimal() {
 async fn fifo_is_not_read() {
     let (_dir, root) = temp_root();
     let backend = LocalBackend::open(&root).unwrap();
-    let made = backend
-        .exec(&ExecSpec::new(vec!["mkfifo".into(), "fifo".into()]))
-        .await
-        .unwrap();
+    let made = backend.exec(&ExecSpec::new(vec!["mkfifo".into(), "fifo".into()])).await.unwrap();
     assert_eq!(made.exit_code, 0);
     // Opening a FIFO for reading would block until a writer shows up; it must not.
     let result = tokio::time::timeout(Duration::from_secs(10), backend.read_file(&rel("fifo")))
@@ -179,18 +160,10 @@ async fn dropped_write_leaves_no_temp_file() {
     }
     // The write future is dropped here, mid-stream.
     let dir = root.clone();
-    wait_until(
-        "the dropped write to clean up",
-        Duration::from_secs(10),
-        || {
-            let dir = dir.clone();
-            async move {
-                std::fs::read_dir(&dir)
-                    .map(|entries| entries.count() == 0)
-                    .unwrap_or(false)
-            }
-        },
-    )
+    wait_until("the dropped write to clean up", Duration::from_secs(10), || {
+        let dir = dir.clone();
+        async move { std::fs::read_dir(&dir).map(|entries| entries.count() == 0).unwrap_or(false) }
+    })
     .await;
 }
 
@@ -201,17 +174,11 @@ async fn owner_is_applied_to_new_files_and_dirs() {
     let (uid, gid) = if nix::unistd::geteuid().is_root() {
         (4242, 4343)
     } else {
-        (
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw(),
-        )
+        (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw())
     };
     let files = HostFs::open(&root).unwrap().with_owner(Some((uid, gid)));
     let data = futures::stream::once(async { Ok(Bytes::from_static(b"x")) }).boxed();
-    files
-        .write_file(&rel("a/b/f"), data, WriteOptions::default())
-        .await
-        .unwrap();
+    files.write_file(&rel("a/b/f"), data, WriteOptions::default()).await.unwrap();
     files.mkdir(&rel("c/d"), true).await.unwrap();
     for path in ["a", "a/b", "a/b/f", "c", "c/d"] {
         let metadata = std::fs::symlink_metadata(root.join(path)).unwrap();
@@ -227,11 +194,7 @@ async fn driver_provision_is_idempotent() {
     assert_eq!(driver.name(), "local");
     let id = WorkspaceId::new("ws-local-1").unwrap();
     let spec = WorkspaceSpec::default();
-    let context = |root| ProvisionContext {
-        workspace_id: &id,
-        root,
-        spec: &spec,
-    };
+    let context = |root| ProvisionContext { workspace_id: &id, root, spec: &spec };
     let first = driver.provision(context(&root)).await.unwrap();
     let second = driver.provision(context(&root)).await.unwrap();
     assert!(Arc::ptr_eq(&first, &second));
@@ -244,8 +207,5 @@ async fn driver_provision_is_idempotent() {
     // Handles outlive release: the files are still there.
     first.mkdir(&rel("still-works"), false).await.unwrap();
     let missing = root.join("does-not-exist");
-    assert!(matches!(
-        driver.provision(context(&missing)).await,
-        Err(WorkspaceError::NotFound { .. })
-    ));
+    assert!(matches!(driver.provision(context(&missing)).await, Err(WorkspaceError::NotFound { .. })));
 }

@@ -22,9 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::store::Store;
 use self::watch::Watchers;
-use crate::registry::{
-    KeyValue, LeaseId, RangeResponse, Registry, Result, Txn, TxnResponse, WatchStream,
-};
+use crate::registry::{KeyValue, LeaseId, RangeResponse, Registry, Result, Txn, TxnResponse, WatchStream};
 
 #[derive(Clone, Debug)]
 pub struct EmbeddedConfig {
@@ -38,11 +36,7 @@ pub struct EmbeddedConfig {
 
 impl Default for EmbeddedConfig {
     fn default() -> Self {
-        Self {
-            history_limit: 100_000,
-            watch_buffer: 1024,
-            min_lease_ttl: Duration::from_secs(1),
-        }
+        Self { history_limit: 100_000, watch_buffer: 1024, min_lease_ttl: Duration::from_secs(1) }
     }
 }
 
@@ -117,11 +111,7 @@ impl EmbeddedRegistry {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        *reaper = Some(runtime.spawn(reap(
-            self.this.clone(),
-            self.reaper_wakeup.clone(),
-            self.shutdown.clone(),
-        )));
+        *reaper = Some(runtime.spawn(reap(self.this.clone(), self.reaper_wakeup.clone(), self.shutdown.clone())));
     }
 }
 
@@ -200,11 +190,7 @@ impl Registry for EmbeddedRegistry {
     async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<WatchStream> {
         self.ensure_reaper();
         let mut state = self.lock();
-        let from_revision = if start_revision <= 0 {
-            state.store.revision() + 1
-        } else {
-            start_revision
-        };
+        let from_revision = if start_revision <= 0 { state.store.revision() + 1 } else { start_revision };
         let replay = match state.store.replay(prefix, from_revision) {
             Ok(replay) => replay,
             Err(error) => return Ok(Watchers::failed(error)),
@@ -222,19 +208,11 @@ mod tests {
 
     #[tokio::test]
     async fn lagging_watcher_gets_compacted_after_its_queue() {
-        let registry = EmbeddedRegistry::with_config(EmbeddedConfig {
-            watch_buffer: 2,
-            ..EmbeddedConfig::default()
-        });
+        let registry = EmbeddedRegistry::with_config(EmbeddedConfig { watch_buffer: 2, ..EmbeddedConfig::default() });
         let mut watch = registry.watch_prefix("k/", 0).await.expect("watch");
         let mut revisions = Vec::new();
         for index in 0..4 {
-            revisions.push(
-                registry
-                    .put(&format!("k/{index}"), "v".into())
-                    .await
-                    .expect("put"),
-            );
+            revisions.push(registry.put(&format!("k/{index}"), "v".into()).await.expect("put"));
         }
         for expected in &revisions[..2] {
             let batch = watch.next().await.expect("item").expect("batch");
@@ -261,16 +239,8 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_registry_stops_the_reaper() {
         let registry = EmbeddedRegistry::new();
-        registry
-            .grant_lease(Duration::from_secs(60))
-            .await
-            .expect("grant");
-        let reaper = registry
-            .reaper
-            .lock()
-            .expect("reaper lock")
-            .take()
-            .expect("reaper started");
+        registry.grant_lease(Duration::from_secs(60)).await.expect("grant");
+        let reaper = registry.reaper.lock().expect("reaper lock").take().expect("reaper started");
         drop(registry);
         tokio::time::timeout(Duration::from_secs(5), reaper)
             .await
@@ -282,8 +252,7 @@ mod tests {
     fn txn_outside_a_runtime_works() {
         let registry = EmbeddedRegistry::new();
         let response =
-            futures::executor::block_on(registry.txn(Txn::new().and_then([TxnOp::put("a", "b")])))
-                .expect("txn");
+            futures::executor::block_on(registry.txn(Txn::new().and_then([TxnOp::put("a", "b")]))).expect("txn");
         assert_eq!(response.revision, 2);
     }
 }

@@ -15,14 +15,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, CompactionOptions, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    WatchOptions,
+    Client, CompactionOptions, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper, WatchOptions,
 };
 
 use self::call::{AttemptError, CallPolicy, ErrorContext, Retry, with_retries};
 use crate::registry::{
-    KeyValue, LeaseId, RangeResponse, Registry, RegistryError, Result, Txn, TxnResponse,
-    WatchStream,
+    KeyValue, LeaseId, RangeResponse, Registry, RegistryError, Result, Txn, TxnResponse, WatchStream,
 };
 
 /// Open keep-alive streams kept beyond this many are closed after use instead of cached, so
@@ -51,22 +49,15 @@ impl Default for EtcdConfig {
 
 impl EtcdConfig {
     pub fn new(endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        Self {
-            endpoints: endpoints.into_iter().map(Into::into).collect(),
-            ..Self::default()
-        }
+        Self { endpoints: endpoints.into_iter().map(Into::into).collect(), ..Self::default() }
     }
 
     pub fn validate(&self) -> Result<()> {
         if self.endpoints.is_empty() {
-            return Err(RegistryError::InvalidRequest(
-                "etcd config has no endpoints".into(),
-            ));
+            return Err(RegistryError::InvalidRequest("etcd config has no endpoints".into()));
         }
         if self.call_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err(RegistryError::InvalidRequest(
-                "etcd timeouts must be positive".into(),
-            ));
+            return Err(RegistryError::InvalidRequest("etcd timeouts must be positive".into()));
         }
         Ok(())
     }
@@ -94,16 +85,13 @@ impl EtcdRegistry {
             .with_connect_timeout(config.connect_timeout)
             // HTTP/2 pings find a dead peer under an otherwise idle watch stream.
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-        let client = tokio::time::timeout(
-            config.connect_timeout,
-            Client::connect(&config.endpoints, Some(options)),
-        )
-        .await
-        .map_err(|_| RegistryError::Timeout {
-            operation: "connect",
-            millis: u64::try_from(config.connect_timeout.as_millis()).unwrap_or(u64::MAX),
-        })?
-        .map_err(|error| call::map_error(error, ErrorContext::default()))?;
+        let client = tokio::time::timeout(config.connect_timeout, Client::connect(&config.endpoints, Some(options)))
+            .await
+            .map_err(|_| RegistryError::Timeout {
+                operation: "connect",
+                millis: u64::try_from(config.connect_timeout.as_millis()).unwrap_or(u64::MAX),
+            })?
+            .map_err(|error| call::map_error(error, ErrorContext::default()))?;
         let registry = Arc::new(Self {
             client,
             policy: CallPolicy::new(config.call_timeout),
@@ -116,15 +104,11 @@ impl EtcdRegistry {
     /// Compacts etcd's history up to `revision` (waits until it is applied). For tests and
     /// operators; replicas never compact.
     pub async fn compact(&self, revision: i64) -> Result<()> {
-        let context = ErrorContext {
-            revision,
-            ..ErrorContext::default()
-        };
+        let context = ErrorContext { revision, ..ErrorContext::default() };
         with_retries(self.policy, "compact", Retry::Idempotent, context, || {
             let mut kv = self.client.kv_client();
             async move {
-                kv.compact(revision, Some(CompactionOptions::new().with_physical()))
-                    .await?;
+                kv.compact(revision, Some(CompactionOptions::new().with_physical())).await?;
                 Ok(())
             }
         })
@@ -132,10 +116,7 @@ impl EtcdRegistry {
     }
 
     fn take_keeper(&self, lease: LeaseId) -> Option<Keeper> {
-        self.keepers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&lease)
+        self.keepers.lock().unwrap_or_else(PoisonError::into_inner).remove(&lease)
     }
 
     fn return_keeper(&self, lease: LeaseId, keeper: Keeper) {
@@ -155,10 +136,7 @@ impl EtcdRegistry {
                 // Opening the stream already renews once and fails with "lease not found"
                 // for a missing lease; the second renewal below reads the TTL.
                 let (requests, responses) = self.client.lease_client().keep_alive(lease).await?;
-                Keeper {
-                    requests,
-                    responses,
-                }
+                Keeper { requests, responses }
             }
         };
         keeper.requests.keep_alive().await?;
@@ -170,9 +148,7 @@ impl EtcdRegistry {
             }
             // etcd answers a renewal of a missing lease with TTL 0.
             Some(_) => Err(RegistryError::LeaseNotFound(lease).into()),
-            None => Err(AttemptError::Transient(
-                "etcd closed the keep-alive stream".into(),
-            )),
+            None => Err(AttemptError::Transient("etcd closed the keep-alive stream".into())),
         }
     }
 }
@@ -184,19 +160,13 @@ impl Registry for EtcdRegistry {
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        with_retries(
-            self.policy,
-            "get",
-            Retry::Idempotent,
-            ErrorContext::default(),
-            || {
-                let mut kv = self.client.kv_client();
-                async move {
-                    let response = kv.get(key, None).await?;
-                    Ok(response.kvs().first().map(convert::key_value).transpose()?)
-                }
-            },
-        )
+        with_retries(self.policy, "get", Retry::Idempotent, ErrorContext::default(), || {
+            let mut kv = self.client.kv_client();
+            async move {
+                let response = kv.get(key, None).await?;
+                Ok(response.kvs().first().map(convert::key_value).transpose()?)
+            }
+        })
         .await
     }
 
@@ -204,42 +174,25 @@ impl Registry for EtcdRegistry {
         let start = convert::page_start(prefix, after);
         let end = convert::prefix_end(prefix.as_bytes());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        with_retries(
-            self.policy,
-            "range",
-            Retry::Idempotent,
-            ErrorContext::default(),
-            || {
-                let mut kv = self.client.kv_client();
-                // etcd returns keys in ascending order without a sort option, and applies the
-                // limit in that order.
-                let options = GetOptions::new().with_range(end.clone()).with_limit(limit);
-                let start = start.clone();
-                async move {
-                    let response = kv.get(start, Some(options)).await?;
-                    let kvs = response
-                        .kvs()
-                        .iter()
-                        .map(convert::key_value)
-                        .collect::<Result<Vec<_>>>()?;
-                    let revision = convert::header_revision(response.header())?;
-                    Ok(RangeResponse { kvs, revision })
-                }
-            },
-        )
+        with_retries(self.policy, "range", Retry::Idempotent, ErrorContext::default(), || {
+            let mut kv = self.client.kv_client();
+            // etcd returns keys in ascending order without a sort option, and applies the
+            // limit in that order.
+            let options = GetOptions::new().with_range(end.clone()).with_limit(limit);
+            let start = start.clone();
+            async move {
+                let response = kv.get(start, Some(options)).await?;
+                let kvs = response.kvs().iter().map(convert::key_value).collect::<Result<Vec<_>>>()?;
+                let revision = convert::header_revision(response.header())?;
+                Ok(RangeResponse { kvs, revision })
+            }
+        })
         .await
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        let retry = if convert::is_read_only(&txn) {
-            Retry::Idempotent
-        } else {
-            Retry::OnlyUndelivered
-        };
-        let context = ErrorContext {
-            lease: convert::first_lease(&txn),
-            ..ErrorContext::default()
-        };
+        let retry = if convert::is_read_only(&txn) { Retry::Idempotent } else { Retry::OnlyUndelivered };
+        let context = ErrorContext { lease: convert::first_lease(&txn), ..ErrorContext::default() };
         let request = convert::txn(&txn);
         with_retries(self.policy, "txn", retry, context, || {
             let mut kv = self.client.kv_client();
@@ -256,64 +209,35 @@ impl Registry for EtcdRegistry {
         // Whole seconds, rounded up; etcd raises it to its own minimum (2 s for 3.4 defaults).
         let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
         let seconds = i64::try_from(seconds.max(1)).unwrap_or(i64::MAX);
-        with_retries(
-            self.policy,
-            "grant_lease",
-            Retry::Idempotent,
-            ErrorContext::default(),
-            || {
-                let mut leases = self.client.lease_client();
-                async move {
-                    let response = leases.grant(seconds, None).await?;
-                    if !response.error().is_empty() {
-                        return Err(RegistryError::Other(format!(
-                            "lease grant refused: {}",
-                            response.error()
-                        ))
-                        .into());
-                    }
-                    Ok(response.id())
+        with_retries(self.policy, "grant_lease", Retry::Idempotent, ErrorContext::default(), || {
+            let mut leases = self.client.lease_client();
+            async move {
+                let response = leases.grant(seconds, None).await?;
+                if !response.error().is_empty() {
+                    return Err(RegistryError::Other(format!("lease grant refused: {}", response.error())).into());
                 }
-            },
-        )
+                Ok(response.id())
+            }
+        })
         .await
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
-        let context = ErrorContext {
-            lease,
-            ..ErrorContext::default()
-        };
-        with_retries(
-            self.policy,
-            "keep_alive",
-            Retry::Idempotent,
-            context,
-            || self.renew_once(lease),
-        )
-        .await
+        let context = ErrorContext { lease, ..ErrorContext::default() };
+        with_retries(self.policy, "keep_alive", Retry::Idempotent, context, || self.renew_once(lease)).await
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
         // Close the cached stream; the lease is going away either way.
         drop(self.take_keeper(lease));
-        let context = ErrorContext {
-            lease,
-            ..ErrorContext::default()
-        };
-        let revoked = with_retries(
-            self.policy,
-            "revoke_lease",
-            Retry::Idempotent,
-            context,
-            || {
-                let mut leases = self.client.lease_client();
-                async move {
-                    leases.revoke(lease).await?;
-                    Ok(())
-                }
-            },
-        )
+        let context = ErrorContext { lease, ..ErrorContext::default() };
+        let revoked = with_retries(self.policy, "revoke_lease", Retry::Idempotent, context, || {
+            let mut leases = self.client.lease_client();
+            async move {
+                leases.revoke(lease).await?;
+                Ok(())
+            }
+        })
         .await;
         match revoked {
             // Revoking a missing lease is not an error (a retry may find it already gone).
@@ -327,22 +251,18 @@ impl Registry for EtcdRegistry {
             self.policy,
             "watch",
             Retry::Idempotent,
-            ErrorContext {
-                revision: start_revision,
-                ..ErrorContext::default()
-            },
+            ErrorContext { revision: start_revision, ..ErrorContext::default() },
             || {
                 let mut watches = self.client.watch_client();
                 async move {
-                    let options = WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(start_revision.max(0));
+                    let options = WatchOptions::new().with_prefix().with_start_revision(start_revision.max(0));
                     let mut stream = watches.watch(prefix, Some(options)).await?;
                     // Wait for "created": only then is a watch "from now" registered, so every
                     // write that starts after this call returns is seen.
-                    let created = stream.message().await?.ok_or_else(|| {
-                        AttemptError::Transient("etcd closed the watch before creating it".into())
-                    })?;
+                    let created = stream
+                        .message()
+                        .await?
+                        .ok_or_else(|| AttemptError::Transient("etcd closed the watch before creating it".into()))?;
                     let mut state = watch::WatchState::new(stream, start_revision);
                     state.absorb(&created);
                     Ok(state)

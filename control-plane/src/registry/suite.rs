@@ -129,10 +129,7 @@ where
         fixture,
         prefix: format!("/berth-suite/{name}/{:016x}/", rand::random::<u64>()),
     };
-    if tokio::time::timeout(CASE_DEADLINE, case(context))
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(CASE_DEADLINE, case(context)).await.is_err() {
         panic!("{name} did not finish within {CASE_DEADLINE:?}");
     }
 }

@@ -35,14 +35,7 @@ enum Op {
     Mkdir,
 }
 
-const ALL_OPS: [Op; 6] = [
-    Op::Read,
-    Op::Write,
-    Op::Stat,
-    Op::List,
-    Op::Remove,
-    Op::Mkdir,
-];
+const ALL_OPS: [Op; 6] = [Op::Read, Op::Write, Op::Stat, Op::List, Op::Remove, Op::Mkdir];
 
 struct Attempt {
     op: Op,
@@ -51,19 +44,12 @@ struct Attempt {
 }
 
 fn attempt(op: Op, path: &str, expect: Expect) -> Attempt {
-    Attempt {
-        op,
-        path: path.to_owned(),
-        expect,
-    }
+    Attempt { op, path: path.to_owned(), expect }
 }
 
 /// The same path and expectation for every operation.
 fn every_op(path: &str, expect: Expect) -> Vec<Attempt> {
-    ALL_OPS
-        .iter()
-        .map(|&op| attempt(op, path, expect))
-        .collect()
+    ALL_OPS.iter().map(|&op| attempt(op, path, expect)).collect()
 }
 
 /// A client request: parse the client string (as every API entry point does), then run the
@@ -71,41 +57,23 @@ fn every_op(path: &str, expect: Expect) -> Vec<Attempt> {
 async fn perform(backend: &dyn Backend, op: Op, client_path: &str) -> Result<String> {
     let path = RelPath::parse(client_path)?;
     match op {
-        Op::Read => backend
-            .read_to_bytes(&path, 1024 * 1024)
-            .await
-            .map(|bytes| format!("read {} bytes", bytes.len())),
+        Op::Read => backend.read_to_bytes(&path, 1024 * 1024).await.map(|bytes| format!("read {} bytes", bytes.len())),
         Op::Write => backend
             .write_bytes(&path, Bytes::from_static(b"escaped\n"), 0o644)
             .await
             .map(|written| format!("wrote {written} bytes")),
-        Op::Stat => backend
-            .stat(&path)
-            .await
-            .map(|info| format!("stat {info:?}")),
-        Op::List => backend
-            .list_dir(&path)
-            .await
-            .map(|entries| format!("listed {} entries", entries.len())),
-        Op::Remove => backend
-            .remove(&path, true)
-            .await
-            .map(|existed| format!("removed (existed: {existed})")),
-        Op::Mkdir => backend
-            .mkdir(&path, true)
-            .await
-            .map(|()| "created a directory".into()),
+        Op::Stat => backend.stat(&path).await.map(|info| format!("stat {info:?}")),
+        Op::List => backend.list_dir(&path).await.map(|entries| format!("listed {} entries", entries.len())),
+        Op::Remove => backend.remove(&path, true).await.map(|existed| format!("removed (existed: {existed})")),
+        Op::Mkdir => backend.mkdir(&path, true).await.map(|()| "created a directory".into()),
     }
 }
 
 /// What the world outside the root looks like, as far as a case can change it.
 async fn outside_snapshot(backend: &dyn Backend) -> String {
-    let output = sh_ok(
-        backend,
-        "ls -a .. && cat ../berth-victim && ls -d /etc/berth-escape-probe* 2>/dev/null; true",
-        &[],
-    )
-    .await;
+    let output =
+        sh_ok(backend, "ls -a .. && cat ../berth-victim && ls -d /etc/berth-escape-probe* 2>/dev/null; true", &[])
+            .await;
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -117,10 +85,7 @@ async fn run_case(fixture: &dyn BackendFixture, setup: &str, attempts: Vec<Attem
         sh_ok(&*backend, setup, &[]).await;
     }
     let before = outside_snapshot(&*backend).await;
-    assert!(
-        before.contains("victim"),
-        "the victim file was not planted: {before:?}"
-    );
+    assert!(before.contains("victim"), "the victim file was not planted: {before:?}");
     let mut failures = Vec::new();
     for Attempt { op, path, expect } in &attempts {
         let result = perform(&*backend, *op, path).await;
@@ -132,33 +97,15 @@ async fn run_case(fixture: &dyn BackendFixture, setup: &str, attempts: Vec<Attem
         );
         if !matched {
             let shown: String = path.chars().take(80).collect();
-            failures.push(format!(
-                "{op:?} {shown:?}: expected {expect:?}, got {result:?}"
-            ));
+            failures.push(format!("{op:?} {shown:?}: expected {expect:?}, got {result:?}"));
         }
     }
     let after = outside_snapshot(&*backend).await;
-    assert!(
-        failures.is_empty(),
-        "escape attempts not refused:\n{}",
-        failures.join("\n")
-    );
-    assert_eq!(
-        before, after,
-        "something changed outside the workspace root"
-    );
+    assert!(failures.is_empty(), "escape attempts not refused:\n{}", failures.join("\n"));
+    assert_eq!(before, after, "something changed outside the workspace root");
     // The root's own parent must not have gained a probe either way.
-    let probes = sh(
-        &*backend,
-        "ls -d ../berth-probe* ../berth-dangling* 2>/dev/null",
-        &[],
-    )
-    .await;
-    assert!(
-        probes.stdout.is_empty(),
-        "probes outside: {:?}",
-        probes.stdout
-    );
+    let probes = sh(&*backend, "ls -d ../berth-probe* ../berth-dangling* 2>/dev/null", &[]).await;
+    assert!(probes.stdout.is_empty(), "probes outside: {:?}", probes.stdout);
 }
 
 pub async fn dotdot(fixture: &dyn BackendFixture) {
@@ -166,22 +113,12 @@ pub async fn dotdot(fixture: &dyn BackendFixture) {
 }
 
 pub async fn dotdot_twice_through_dir(fixture: &dyn BackendFixture) {
-    run_case(
-        fixture,
-        "mkdir a",
-        every_op("a/../../berth-victim", Expect::Invalid),
-    )
-    .await;
+    run_case(fixture, "mkdir a", every_op("a/../../berth-victim", Expect::Invalid)).await;
 }
 
 pub async fn dotdot_inside(fixture: &dyn BackendFixture) {
     // Stays inside lexically, but `..` is refused outright: no normalisation corner cases.
-    run_case(
-        fixture,
-        "mkdir a && echo b > b",
-        every_op("a/../b", Expect::Invalid),
-    )
-    .await;
+    run_case(fixture, "mkdir a && echo b > b", every_op("a/../b", Expect::Invalid)).await;
 }
 
 pub async fn absolute_etc_passwd(fixture: &dyn BackendFixture) {
@@ -233,10 +170,7 @@ pub async fn symlink_to_etc(fixture: &dyn BackendFixture) {
     run_case(fixture, "ln -s /etc esc", attempts).await;
     // The link itself is an ordinary entry of the root.
     let backend = fixture.backend();
-    assert_eq!(
-        backend.stat(&rel("esc")).await.unwrap().kind,
-        crate::backend::FileKind::Symlink
-    );
+    assert_eq!(backend.stat(&rel("esc")).await.unwrap().kind, crate::backend::FileKind::Symlink);
 }
 
 /// Every operation through a directory symlink that leads to the root's parent.
@@ -258,12 +192,7 @@ pub async fn symlink_to_parent(fixture: &dyn BackendFixture) {
 }
 
 pub async fn absolute_symlink_to_parent(fixture: &dyn BackendFixture) {
-    run_case(
-        fixture,
-        r#"ln -s "$(cd .. && pwd -P)" absup"#,
-        through_parent_link("absup"),
-    )
-    .await;
+    run_case(fixture, r#"ln -s "$(cd .. && pwd -P)" absup"#, through_parent_link("absup")).await;
 }
 
 pub async fn symlink_chain(fixture: &dyn BackendFixture) {
@@ -278,12 +207,7 @@ pub async fn symlink_chain(fixture: &dyn BackendFixture) {
     ];
     // A second chain whose last hop is relative: c1 -> c2 -> ..
     attempts.extend(through_parent_link("c1"));
-    run_case(
-        fixture,
-        "ln -s /etc b && ln -s b a && ln -s .. c2 && ln -s c2 c1",
-        attempts,
-    )
-    .await;
+    run_case(fixture, "ln -s /etc b && ln -s b a && ln -s .. c2 && ln -s c2 c1", attempts).await;
 }
 
 pub async fn dangling_symlink_outside(fixture: &dyn BackendFixture) {
@@ -352,10 +276,5 @@ pub async fn symlink_loop(fixture: &dyn BackendFixture) {
         attempts.push(attempt(Op::Mkdir, &format!("{link}/x"), Escapes));
         attempts.push(attempt(Op::Write, &format!("{link}/x"), Escapes));
     }
-    run_case(
-        fixture,
-        "ln -s loop2 loop1 && ln -s loop1 loop2 && ln -s self self",
-        attempts,
-    )
-    .await;
+    run_case(fixture, "ln -s loop2 loop1 && ln -s loop1 loop2 && ln -s self self", attempts).await;
 }

@@ -25,14 +25,7 @@ pub async fn exit_code(fixture: &dyn BackendFixture) {
     assert_eq!(output.signal, None);
     assert!(!output.timed_out);
     assert!(output.duration > Duration::ZERO);
-    let output = backend
-        .exec(&ExecSpec::new(vec![
-            "echo".into(),
-            "a b".into(),
-            "$HOME".into(),
-        ]))
-        .await
-        .unwrap();
+    let output = backend.exec(&ExecSpec::new(vec!["echo".into(), "a b".into(), "$HOME".into()])).await.unwrap();
     // argv is passed as is: no shell, no word splitting, no expansion.
     assert_eq!(&output.stdout[..], b"a b $HOME\n");
     assert_eq!(output.exit_code, 0);
@@ -49,19 +42,14 @@ pub async fn killed_by_signal(fixture: &dyn BackendFixture) {
 pub async fn stdin_passthrough(fixture: &dyn BackendFixture) {
     let backend = fixture.backend();
     // Larger than a pipe buffer both ways: stdin must be fed while stdout is read.
-    let input: Vec<u8> = (0..1024 * 1024 + 17)
-        .map(|index| (index % 253) as u8)
-        .collect();
+    let input: Vec<u8> = (0..1024 * 1024 + 17).map(|index| (index % 253) as u8).collect();
     let mut spec = ExecSpec::new(vec!["cat".into()]);
     spec.stdin = Bytes::from(input.clone());
     spec.max_output_bytes = 2 * input.len();
     let output = backend.exec(&spec).await.unwrap();
     assert_eq!(output.exit_code, 0);
     assert_eq!(output.stdout.len(), input.len());
-    assert!(
-        output.stdout[..] == input[..],
-        "stdin did not come back unchanged"
-    );
+    assert!(output.stdout[..] == input[..], "stdin did not come back unchanged");
     // A child that never reads stdin still finishes.
     let mut spec = shell("exit 0");
     spec.stdin = Bytes::from(vec![b'x'; 1024 * 1024]);
@@ -71,10 +59,7 @@ pub async fn stdin_passthrough(fixture: &dyn BackendFixture) {
 pub async fn env_passthrough(fixture: &dyn BackendFixture) {
     let backend = fixture.backend();
     let mut spec = shell(r#"printf '%s|%s' "$BERTH_SUITE_VALUE" "${BERTH_UNSET-unset}""#);
-    spec.spawn.env = BTreeMap::from([(
-        "BERTH_SUITE_VALUE".to_owned(),
-        "spaces and $dollars".to_owned(),
-    )]);
+    spec.spawn.env = BTreeMap::from([("BERTH_SUITE_VALUE".to_owned(), "spaces and $dollars".to_owned())]);
     let output = backend.exec(&spec).await.unwrap();
     assert_eq!(&output.stdout[..], b"spaces and $dollars|unset");
     let mut bad = shell("true");
@@ -90,14 +75,8 @@ pub async fn cwd(fixture: &dyn BackendFixture) {
     let output = backend.exec(&spec).await.unwrap();
     assert_eq!(output.exit_code, 0);
     let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        printed.trim_end().ends_with("/sub/dir"),
-        "pwd printed {printed:?}"
-    );
-    assert_eq!(
-        read(&*backend, "sub/dir/made.txt").await.unwrap(),
-        b"made\n"
-    );
+    assert!(printed.trim_end().ends_with("/sub/dir"), "pwd printed {printed:?}");
+    assert_eq!(read(&*backend, "sub/dir/made.txt").await.unwrap(), b"made\n");
     // A symlinked directory inside the root is a fine cwd.
     sh_ok(&*backend, "ln -s sub/dir dirlink", &[]).await;
     let mut spec = shell("cat made.txt");
@@ -107,35 +86,19 @@ pub async fn cwd(fixture: &dyn BackendFixture) {
 
 pub async fn cwd_refused(fixture: &dyn BackendFixture) {
     let backend = fixture.backend();
-    sh_ok(
-        &*backend,
-        "ln -s /etc esc && ln -s .. up && echo x > file",
-        &[],
-    )
-    .await;
-    for (cwd, escapes) in [
-        ("esc", true),
-        ("up", true),
-        ("missing", false),
-        ("file", false),
-    ] {
+    sh_ok(&*backend, "ln -s /etc esc && ln -s .. up && echo x > file", &[]).await;
+    for (cwd, escapes) in [("esc", true), ("up", true), ("missing", false), ("file", false)] {
         let mut spec = shell("touch berth-cwd-probe");
         spec.spawn.cwd = rel(cwd);
         let result = backend.exec(&spec).await;
         match (escapes, &result) {
             (true, Err(WorkspaceError::PathEscapesRoot { .. })) => {}
-            (
-                false,
-                Err(WorkspaceError::NotFound { .. } | WorkspaceError::NotADirectory { .. }),
-            ) => {}
+            (false, Err(WorkspaceError::NotFound { .. } | WorkspaceError::NotADirectory { .. })) => {}
             _ => panic!("cwd {cwd:?}: unexpected {result:?}"),
         }
     }
     let leftovers = sh(&*backend, "ls /etc/berth-cwd-probe ../berth-cwd-probe", &[]).await;
-    assert_ne!(
-        leftovers.exit_code, 0,
-        "a refused cwd still ran the command"
-    );
+    assert_ne!(leftovers.exit_code, 0, "a refused cwd still ran the command");
 }
 
 pub async fn timeout_kills_grandchildren(fixture: &dyn BackendFixture) {
@@ -147,24 +110,15 @@ pub async fn timeout_kills_grandchildren(fixture: &dyn BackendFixture) {
     let took = started.elapsed();
     assert!(output.timed_out);
     assert_eq!(output.exit_code, -1);
-    assert!(
-        output.duration >= Duration::from_secs(1),
-        "{:?}",
-        output.duration
-    );
-    assert!(
-        took < Duration::from_secs(10),
-        "exec returned after {took:?}"
-    );
+    assert!(output.duration >= Duration::from_secs(1), "{:?}", output.duration);
+    assert!(took < Duration::from_secs(10), "exec returned after {took:?}");
     let pid = read(&*backend, "grandchild.pid").await.unwrap();
     let pid = String::from_utf8(pid).unwrap();
     let pid = pid.trim();
     assert!(!pid.is_empty());
-    wait_until(
-        &format!("grandchild {pid} of a timed-out exec to die"),
-        DEATH_DEADLINE,
-        || async { !process_alive(&*backend, pid).await },
-    )
+    wait_until(&format!("grandchild {pid} of a timed-out exec to die"), DEATH_DEADLINE, || async {
+        !process_alive(&*backend, pid).await
+    })
     .await;
 }
 
@@ -184,12 +138,7 @@ pub async fn output_truncation(fixture: &dyn BackendFixture) {
             ]);
             spec.max_output_bytes = cap;
             let output = backend.exec(&spec).await.unwrap();
-            assert_eq!(
-                output.exit_code,
-                0,
-                "{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+            assert_eq!(output.exit_code, 0, "{}", String::from_utf8_lossy(&output.stderr));
             output
         }
     };
@@ -201,14 +150,8 @@ pub async fn output_truncation(fixture: &dyn BackendFixture) {
     assert_eq!((output.stderr.len(), output.stderr_truncated), (1000, true));
     // Exactly at the cap is not truncated.
     let output = run(1000, 1000, 1000).await;
-    assert_eq!(
-        (output.stdout.len(), output.stdout_truncated),
-        (1000, false)
-    );
-    assert_eq!(
-        (output.stderr.len(), output.stderr_truncated),
-        (1000, false)
-    );
+    assert_eq!((output.stdout.len(), output.stdout_truncated), (1000, false));
+    assert_eq!((output.stderr.len(), output.stderr_truncated), (1000, false));
     // Far past the cap: the child is drained, not blocked on a full pipe.
     let output = run(20 * 1024 * 1024, 20 * 1024 * 1024, 16).await;
     assert_eq!((output.stdout.len(), output.stdout_truncated), (16, true));
@@ -237,24 +180,16 @@ pub async fn orphan_holding_pipe_does_not_hang(fixture: &dyn BackendFixture) {
 pub async fn missing_program(fixture: &dyn BackendFixture) {
     let backend = fixture.backend();
     let program = "berth-no-such-program";
-    let result = backend
-        .exec(&ExecSpec::new(vec![program.into(), "arg".into()]))
-        .await;
+    let result = backend.exec(&ExecSpec::new(vec![program.into(), "arg".into()])).await;
     match result {
         Err(WorkspaceError::SpawnFailed { program: named, .. }) => assert_eq!(named, program),
         other => panic!("expected SpawnFailed, got {other:?}"),
     }
-    assert_err!(
-        backend.exec(&ExecSpec::new(vec![])).await,
-        WorkspaceError::InvalidArgument(_)
-    );
+    assert_err!(backend.exec(&ExecSpec::new(vec![])).await, WorkspaceError::InvalidArgument(_));
 }
 
 /// Collects a stream: stdout, stderr and the events in order.
-async fn collect(
-    backend: &dyn crate::backend::Backend,
-    spec: &ExecSpec,
-) -> (Vec<u8>, Vec<u8>, Vec<ExecEvent>) {
+async fn collect(backend: &dyn crate::backend::Backend, spec: &ExecSpec) -> (Vec<u8>, Vec<u8>, Vec<ExecEvent>) {
     let mut stream = backend.exec_stream(spec).await.unwrap();
     let (mut stdout, mut stderr, mut events) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(event) = stream.next().await {
@@ -275,10 +210,7 @@ pub async fn stream_order(fixture: &dyn BackendFixture) {
     let (stdout, stderr, events) = collect(&*backend, &spec).await;
     assert_eq!(stdout, b"onetwo");
     assert_eq!(stderr, b"err");
-    let exits: Vec<_> = events
-        .iter()
-        .filter(|event| matches!(event, ExecEvent::Exit(_)))
-        .collect();
+    let exits: Vec<_> = events.iter().filter(|event| matches!(event, ExecEvent::Exit(_))).collect();
     assert_eq!(exits.len(), 1, "events: {events:?}");
     let Some(ExecEvent::Exit(exit)) = events.last() else {
         panic!("the last event is not Exit: {events:?}");
@@ -321,15 +253,10 @@ pub async fn stream_drop_kills(fixture: &dyn BackendFixture) {
     }
     let pid = String::from_utf8(read(&*backend, "stream.pid").await.unwrap()).unwrap();
     let pid = pid.trim().to_owned();
-    assert!(
-        process_alive(&*backend, &pid).await,
-        "the child died before the drop"
-    );
+    assert!(process_alive(&*backend, &pid).await, "the child died before the drop");
     drop(stream);
-    wait_until(
-        &format!("child {pid} of a dropped exec stream to die"),
-        DEATH_DEADLINE,
-        || async { !process_alive(&*backend, &pid).await },
-    )
+    wait_until(&format!("child {pid} of a dropped exec stream to die"), DEATH_DEADLINE, || async {
+        !process_alive(&*backend, &pid).await
+    })
     .await;
 }

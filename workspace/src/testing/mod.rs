@@ -34,9 +34,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::backend::{
-    Backend, BackendRef, ByteStream, ExecOutput, ExecSpec, SpawnSpec, Spawned, WriteOptions,
-};
+use crate::backend::{Backend, BackendRef, ByteStream, ExecOutput, ExecSpec, SpawnSpec, Spawned, WriteOptions};
 use crate::error::Result;
 use crate::path::RelPath;
 
@@ -63,10 +61,7 @@ pub struct Fixture<G = ()> {
 
 impl<G: Send + Sync> Fixture<G> {
     pub fn new(backend: BackendRef, keep_alive: G) -> Self {
-        Self {
-            backend,
-            _keep_alive: keep_alive,
-        }
+        Self { backend, _keep_alive: keep_alive }
     }
 }
 
@@ -88,10 +83,7 @@ pub struct PrimitivesOnly {
 
 impl PrimitivesOnly {
     pub fn new(inner: BackendRef) -> Self {
-        Self {
-            inner,
-            env: BTreeMap::new(),
-        }
+        Self { inner, env: BTreeMap::new() }
     }
 
     pub fn with_env(mut self, env: BTreeMap<String, String>) -> Self {
@@ -109,9 +101,7 @@ impl Backend for PrimitivesOnly {
     async fn spawn(&self, spec: &SpawnSpec) -> Result<Spawned> {
         let mut spec = spec.clone();
         for (name, value) in &self.env {
-            spec.env
-                .entry(name.clone())
-                .or_insert_with(|| value.clone());
+            spec.env.entry(name.clone()).or_insert_with(|| value.clone());
         }
         self.inner.spawn(&spec).await
     }
@@ -120,12 +110,7 @@ impl Backend for PrimitivesOnly {
         self.inner.read_file(path).await
     }
 
-    async fn write_file(
-        &self,
-        path: &RelPath,
-        data: ByteStream,
-        options: WriteOptions,
-    ) -> Result<u64> {
+    async fn write_file(&self, path: &RelPath, data: ByteStream, options: WriteOptions) -> Result<u64> {
         self.inner.write_file(path, data, options).await
     }
 }
@@ -139,19 +124,11 @@ pub fn rel(path: &str) -> RelPath {
 
 /// Runs `sh -c script` in the workspace root with `args` as `$1…`.
 pub async fn sh(backend: &dyn Backend, script: &str, args: &[&str]) -> ExecOutput {
-    let mut argv = vec![
-        "sh".to_owned(),
-        "-c".to_owned(),
-        script.to_owned(),
-        "sh".to_owned(),
-    ];
+    let mut argv = vec!["sh".to_owned(), "-c".to_owned(), script.to_owned(), "sh".to_owned()];
     argv.extend(args.iter().map(|arg| (*arg).to_owned()));
     let mut spec = ExecSpec::new(argv);
     spec.timeout = Duration::from_secs(30);
-    backend
-        .exec(&spec)
-        .await
-        .unwrap_or_else(|error| panic!("exec of {script:?} failed: {error}"))
+    backend.exec(&spec).await.unwrap_or_else(|error| panic!("exec of {script:?} failed: {error}"))
 }
 
 /// Like [`sh`], and the script must exit 0.
@@ -175,10 +152,7 @@ pub async fn write(backend: &dyn Backend, path: &str, data: &[u8]) {
 }
 
 pub async fn read(backend: &dyn Backend, path: &str) -> Result<Vec<u8>> {
-    backend
-        .read_to_bytes(&rel(path), 256 * 1024 * 1024)
-        .await
-        .map(|bytes| bytes.to_vec())
+    backend.read_to_bytes(&rel(path), 256 * 1024 * 1024).await.map(|bytes| bytes.to_vec())
 }
 
 /// Names of a directory's entries, in the order `list_dir` returned them.
@@ -208,10 +182,7 @@ where
         if condition().await {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "timed out after {deadline:?} waiting for: {what}"
-        );
+        assert!(tokio::time::Instant::now() < give_up, "timed out after {deadline:?} waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -76,7 +76,8 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     let registry = EtcdRegistry::connect(EtcdConfig::new(endpoints.clone()))
         .await
         .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
-    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();
     berth_control_plane::serve(listener, config, registry, shutdown).await.context("control plane")?;
     Ok(0)

@@ -8,10 +8,10 @@ mod up;
 
 use std::time::Duration;
 
-pub use control_plane::{control_plane, ControlPlaneArgs};
-pub use node_agent::{node_agent, NodeAgentArgs};
+pub use control_plane::{ControlPlaneArgs, control_plane};
+pub use node_agent::{NodeAgentArgs, node_agent};
 use tokio_util::sync::CancellationToken;
-pub use up::{up, UpArgs};
+pub use up::{UpArgs, up};
 
 /// A token cancelled on the first Ctrl-C or SIGTERM.
 pub(crate) fn shutdown_on_signal() -> CancellationToken {
@@ -41,12 +41,21 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Splits a comma-separated list, dropping empty items.
 pub(crate) fn split_list(values: &[String]) -> Vec<String> {
-    values.iter().flat_map(|value| value.split(',')).map(str::trim).filter(|item| !item.is_empty()).map(str::to_owned).collect()
+    values
+        .iter()
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// A stable-enough default id for this host: its hostname, else a random suffix.
 pub(crate) fn default_id(prefix: &str) -> String {
-    let host = std::fs::read_to_string("/etc/hostname").ok().map(|name| name.trim().to_owned()).filter(|name| !name.is_empty());
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty());
     match host {
         Some(host) => format!("{prefix}-{host}"),
         None => format!("{prefix}-{:08x}", rand::random::<u32>()),
@@ -64,9 +73,12 @@ mod tests {
     fn server_subcommands_parse() {
         assert!(matches!(Cli::try_parse_from(["berth", "up"]).unwrap().command, Command::Up(_)));
         let replica =
-            Cli::try_parse_from(["berth", "control-plane", "--etcd", "http://a:1,http://b:2", "--idle-ttl", "2s"]).unwrap();
+            Cli::try_parse_from(["berth", "control-plane", "--etcd", "http://a:1,http://b:2", "--idle-ttl", "2s"])
+                .unwrap();
         assert!(matches!(replica.command, Command::ControlPlane(_)));
-        let node = Cli::try_parse_from(["berth", "node-agent", "--control-plane", "http://x:1", "--data-dir", "/tmp/n"]).unwrap();
+        let node =
+            Cli::try_parse_from(["berth", "node-agent", "--control-plane", "http://x:1", "--data-dir", "/tmp/n"])
+                .unwrap();
         assert!(matches!(node.command, Command::NodeAgent(_)));
     }
 

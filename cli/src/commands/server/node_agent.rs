@@ -68,7 +68,8 @@ pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     args.common.apply(&mut config);
     config.control_planes = split_list(&args.control_planes).into_iter().map(|url| with_scheme(&url)).collect();
     config.advertise_address = args.advertise.unwrap_or_default();
-    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();
     berth_node_agent::serve(listener, config, shutdown).await.context("node agent")?;
     Ok(0)

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use berth_control_plane::registry::embedded::EmbeddedRegistry;
 use berth_control_plane::ControlPlaneConfig;
+use berth_control_plane::registry::embedded::EmbeddedRegistry;
 use berth_node_agent::NodeAgentConfig;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
@@ -37,7 +37,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     args.replica.apply(&mut replica);
     replica.validate().map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
 
-    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let public = listener.local_addr()?;
     let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening for the node agent")?;
     let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::registry::{
-    Compare, CompareOp, CompareTarget, KeyValue, LeaseId, RangeResponse, RegistryError, Result,
-    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchEvent,
+    Compare, CompareOp, CompareTarget, KeyValue, LeaseId, RangeResponse, RegistryError, Result, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchEvent,
 };
 
 /// All events of one write transaction (or one lease expiry), sharing its revision.
@@ -31,12 +31,8 @@ pub(super) struct Batch {
 impl Batch {
     /// The events under `prefix`, in transaction order; `None` when there are none.
     pub fn under_prefix(&self, prefix: &str) -> Option<Vec<WatchEvent>> {
-        let events: Vec<WatchEvent> = self
-            .events
-            .iter()
-            .filter(|event| event.key().starts_with(prefix))
-            .cloned()
-            .collect();
+        let events: Vec<WatchEvent> =
+            self.events.iter().filter(|event| event.key().starts_with(prefix)).cloned().collect();
         (!events.is_empty()).then_some(events)
     }
 }
@@ -94,11 +90,7 @@ impl Store {
     }
 
     pub fn range_page(&self, prefix: &str, after: &str, limit: usize) -> RangeResponse {
-        let start = if after.is_empty() || after < prefix {
-            Bound::Included(prefix)
-        } else {
-            Bound::Excluded(after)
-        };
+        let start = if after.is_empty() || after < prefix { Bound::Included(prefix) } else { Bound::Excluded(after) };
         let limit = if limit == 0 { usize::MAX } else { limit };
         let kvs = self
             .keys
@@ -107,19 +99,12 @@ impl Store {
             .take(limit)
             .map(|(_, kv)| kv.clone())
             .collect();
-        RangeResponse {
-            kvs,
-            revision: self.revision,
-        }
+        RangeResponse { kvs, revision: self.revision }
     }
 
     pub fn txn(&mut self, txn: &Txn) -> Result<(TxnResponse, Option<Batch>)> {
         let succeeded = txn.compares.iter().all(|compare| self.compare(compare));
-        let ops = if succeeded {
-            &txn.success
-        } else {
-            &txn.failure
-        };
+        let ops = if succeeded { &txn.success } else { &txn.failure };
         // Validate the whole branch first: a refused transaction must change nothing.
         self.validate(ops)?;
         let write_revision = self.revision + 1;
@@ -135,10 +120,7 @@ impl Store {
                 TxnOp::Delete { key } => {
                     let deleted = self.remove(key);
                     if deleted {
-                        events.push(WatchEvent::Delete {
-                            key: key.clone(),
-                            mod_revision: write_revision,
-                        });
+                        events.push(WatchEvent::Delete { key: key.clone(), mod_revision: write_revision });
                     }
                     responses.push(TxnOpResponse::Delete(i64::from(deleted)));
                 }
@@ -147,11 +129,7 @@ impl Store {
             }
         }
         let batch = self.commit(events);
-        let response = TxnResponse {
-            succeeded,
-            revision: self.revision,
-            responses,
-        };
+        let response = TxnResponse { succeeded, revision: self.revision, responses };
         Ok((response, batch))
     }
 
@@ -165,12 +143,8 @@ impl Store {
             (CompareTarget::CreateRevision(expected), current) => {
                 current.map_or(0, |kv| kv.create_revision).cmp(expected)
             }
-            (CompareTarget::ModRevision(expected), current) => {
-                current.map_or(0, |kv| kv.mod_revision).cmp(expected)
-            }
-            (CompareTarget::Version(expected), current) => {
-                current.map_or(0, |kv| kv.version).cmp(expected)
-            }
+            (CompareTarget::ModRevision(expected), current) => current.map_or(0, |kv| kv.mod_revision).cmp(expected),
+            (CompareTarget::Version(expected), current) => current.map_or(0, |kv| kv.version).cmp(expected),
         };
         match compare.op {
             CompareOp::Equal => ordering == Ordering::Equal,
@@ -197,9 +171,7 @@ impl Store {
                         return Err(RegistryError::LeaseNotFound(*lease));
                     }
                     if !written.insert(key.as_str()) {
-                        return Err(RegistryError::InvalidRequest(format!(
-                            "duplicate key {key} in txn"
-                        )));
+                        return Err(RegistryError::InvalidRequest(format!("duplicate key {key} in txn")));
                     }
                 }
                 TxnOp::Delete { .. } | TxnOp::Get { .. } => {}
@@ -209,9 +181,7 @@ impl Store {
             if let TxnOp::Delete { key } = op
                 && written.contains(key.as_str())
             {
-                return Err(RegistryError::InvalidRequest(format!(
-                    "duplicate key {key} in txn"
-                )));
+                return Err(RegistryError::InvalidRequest(format!("duplicate key {key} in txn")));
             }
         }
         Ok(())
@@ -219,11 +189,7 @@ impl Store {
 
     fn put(&mut self, key: &str, value: &Bytes, lease: LeaseId, revision: i64) -> KeyValue {
         let (create_revision, version, previous_lease) = match self.keys.get(key) {
-            Some(existing) => (
-                existing.create_revision,
-                existing.version + 1,
-                existing.lease,
-            ),
+            Some(existing) => (existing.create_revision, existing.version + 1, existing.lease),
             None => (revision, 1, 0),
         };
         // A put moves the key to the new lease (or to none), like etcd.
@@ -269,10 +235,7 @@ impl Store {
             return None;
         }
         self.revision += 1;
-        let batch = Batch {
-            revision: self.revision,
-            events: events.into(),
-        };
+        let batch = Batch { revision: self.revision, events: events.into() };
         self.history_events += batch.events.len();
         self.history.push_back(batch.clone());
         while self.history_events > self.history_limit {
@@ -293,28 +256,16 @@ impl Store {
         let id = self.next_lease_id;
         self.next_lease_id += 1;
         let deadline = now + ttl;
-        self.leases.insert(
-            id,
-            LeaseState {
-                ttl,
-                deadline,
-                keys: BTreeSet::new(),
-            },
-        );
-        self.earliest_lease_deadline = Some(
-            self.earliest_lease_deadline
-                .map_or(deadline, |earliest| earliest.min(deadline)),
-        );
+        self.leases.insert(id, LeaseState { ttl, deadline, keys: BTreeSet::new() });
+        self.earliest_lease_deadline =
+            Some(self.earliest_lease_deadline.map_or(deadline, |earliest| earliest.min(deadline)));
         id
     }
 
     /// Renews a lease for its full TTL. Call [`Store::expire`] first so that a lease past its
     /// deadline is gone rather than revived.
     pub fn keep_alive(&mut self, lease: LeaseId, now: Instant) -> Result<Duration> {
-        let state = self
-            .leases
-            .get_mut(&lease)
-            .ok_or(RegistryError::LeaseNotFound(lease))?;
+        let state = self.leases.get_mut(&lease).ok_or(RegistryError::LeaseNotFound(lease))?;
         state.deadline = now + state.ttl;
         Ok(state.ttl)
     }
@@ -325,10 +276,7 @@ impl Store {
         let mut events = Vec::with_capacity(state.keys.len());
         for key in state.keys {
             if self.keys.remove(&key).is_some() {
-                events.push(WatchEvent::Delete {
-                    key,
-                    mod_revision: self.revision + 1,
-                });
+                events.push(WatchEvent::Delete { key, mod_revision: self.revision + 1 });
             }
         }
         self.commit(events)
@@ -340,18 +288,11 @@ impl Store {
             Some(earliest) if earliest <= now => {}
             _ => return Vec::new(),
         }
-        let mut expired: Vec<LeaseId> = self
-            .leases
-            .iter()
-            .filter(|(_, state)| state.deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
+        let mut expired: Vec<LeaseId> =
+            self.leases.iter().filter(|(_, state)| state.deadline <= now).map(|(id, _)| *id).collect();
         // Deterministic revision order for leases expiring together.
         expired.sort_unstable();
-        let batches = expired
-            .into_iter()
-            .filter_map(|lease| self.revoke_lease(lease))
-            .collect();
+        let batches = expired.into_iter().filter_map(|lease| self.revoke_lease(lease)).collect();
         self.earliest_lease_deadline = self.leases.values().map(|state| state.deadline).min();
         batches
     }
@@ -372,23 +313,14 @@ impl Store {
                 compact_revision: self.oldest_watchable,
             });
         }
-        let first = self
-            .history
-            .partition_point(|batch| batch.revision < start_revision);
-        Ok(self
-            .history
-            .range(first..)
-            .filter_map(|batch| batch.under_prefix(prefix))
-            .collect())
+        let first = self.history.partition_point(|batch| batch.revision < start_revision);
+        Ok(self.history.range(first..).filter_map(|batch| batch.under_prefix(prefix)).collect())
     }
 
     /// Forgets history before `revision`, like etcd's compaction.
     pub fn compact(&mut self, revision: i64) -> Result<()> {
         if revision <= self.compacted {
-            return Err(RegistryError::Compacted {
-                requested: revision,
-                compact_revision: self.compacted,
-            });
+            return Err(RegistryError::Compacted { requested: revision, compact_revision: self.compacted });
         }
         if revision > self.revision {
             return Err(RegistryError::InvalidRequest(format!(
@@ -426,20 +358,11 @@ mod tests {
     fn history_is_trimmed_by_whole_batches() {
         let mut store = store();
         for index in 0..3 {
-            let txn = Txn::new().and_then([
-                TxnOp::put(format!("a{index}"), "x"),
-                TxnOp::put(format!("b{index}"), "x"),
-            ]);
+            let txn = Txn::new().and_then([TxnOp::put(format!("a{index}"), "x"), TxnOp::put(format!("b{index}"), "x")]);
             store.txn(&txn).expect("txn");
         }
         // Revisions 2, 3, 4 with two events each; a limit of 4 keeps only 3 and 4.
-        assert!(matches!(
-            store.replay("", 2),
-            Err(RegistryError::Compacted {
-                requested: 2,
-                compact_revision: 3
-            })
-        ));
+        assert!(matches!(store.replay("", 2), Err(RegistryError::Compacted { requested: 2, compact_revision: 3 })));
         assert_eq!(store.replay("", 3).expect("replay").len(), 2);
     }
 
@@ -447,17 +370,11 @@ mod tests {
     fn refused_txn_changes_nothing() {
         let mut store = store();
         let txn = Txn::new().and_then([TxnOp::put("a", "1"), TxnOp::put_with_lease("b", "2", 42)]);
-        assert!(matches!(
-            store.txn(&txn),
-            Err(RegistryError::LeaseNotFound(42))
-        ));
+        assert!(matches!(store.txn(&txn), Err(RegistryError::LeaseNotFound(42))));
         assert_eq!(store.revision(), 1);
         assert_eq!(store.get("a"), None);
         let duplicate = Txn::new().and_then([TxnOp::put("a", "1"), TxnOp::delete("a")]);
-        assert!(matches!(
-            store.txn(&duplicate),
-            Err(RegistryError::InvalidRequest(_))
-        ));
+        assert!(matches!(store.txn(&duplicate), Err(RegistryError::InvalidRequest(_))));
     }
 
     #[test]
@@ -466,14 +383,8 @@ mod tests {
         let now = Instant::now();
         let short = store.grant_lease(Duration::from_millis(10), now);
         let fractional = store.grant_lease(Duration::from_millis(2_100), now);
-        assert_eq!(
-            store.keep_alive(short, now).ok(),
-            Some(Duration::from_secs(1))
-        );
-        assert_eq!(
-            store.keep_alive(fractional, now).ok(),
-            Some(Duration::from_secs(3))
-        );
+        assert_eq!(store.keep_alive(short, now).ok(), Some(Duration::from_secs(1)));
+        assert_eq!(store.keep_alive(fractional, now).ok(), Some(Duration::from_secs(3)));
         assert_eq!(store.expire(now + Duration::from_millis(999)).len(), 0);
         // Neither lease had keys, so expiry spends no revision.
         assert_eq!(store.expire(now + Duration::from_secs(3)).len(), 0);

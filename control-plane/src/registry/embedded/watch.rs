@@ -34,35 +34,17 @@ pub(super) struct Watchers {
 
 impl Watchers {
     pub fn new(buffer: usize) -> Self {
-        Self {
-            entries: Vec::new(),
-            buffer: buffer.max(1),
-        }
+        Self { entries: Vec::new(), buffer: buffer.max(1) }
     }
 
     /// Adds a watcher that first yields `replay`, then every batch under `prefix` from
     /// `from_revision` on. Call under the same lock as the replay was read, so nothing is
     /// committed in between.
-    pub fn register(
-        &mut self,
-        prefix: &str,
-        from_revision: i64,
-        replay: Vec<Vec<WatchEvent>>,
-    ) -> WatchStream {
+    pub fn register(&mut self, prefix: &str, from_revision: i64, replay: Vec<Vec<WatchEvent>>) -> WatchStream {
         let (sender, receiver) = mpsc::channel(self.buffer);
         let lagged_at = Arc::new(AtomicI64::new(0));
-        self.entries.push(Watcher {
-            prefix: prefix.to_owned(),
-            from_revision,
-            sender,
-            lagged_at: lagged_at.clone(),
-        });
-        Box::pin(EmbeddedWatch {
-            replay: replay.into(),
-            receiver,
-            lagged_at,
-            finished: false,
-        })
+        self.entries.push(Watcher { prefix: prefix.to_owned(), from_revision, sender, lagged_at: lagged_at.clone() });
+        Box::pin(EmbeddedWatch { replay: replay.into(), receiver, lagged_at, finished: false })
     }
 
     /// Delivers one committed batch to every interested watcher; drops watchers whose stream
@@ -128,10 +110,7 @@ impl Stream for EmbeddedWatch {
                 this.finished = true;
                 let lagged_at = this.lagged_at.load(Ordering::Acquire);
                 let error = if lagged_at > 0 {
-                    RegistryError::Compacted {
-                        requested: lagged_at,
-                        compact_revision: lagged_at + 1,
-                    }
+                    RegistryError::Compacted { requested: lagged_at, compact_revision: lagged_at + 1 }
                 } else {
                     RegistryError::Unavailable("embedded registry shut down".into())
                 };

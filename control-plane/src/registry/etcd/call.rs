@@ -41,10 +41,7 @@ pub(super) struct CallPolicy {
 
 impl CallPolicy {
     pub fn new(call_timeout: Duration) -> Self {
-        Self {
-            call_timeout,
-            attempt_timeout: (call_timeout / 3).max(Duration::from_millis(500)),
-        }
+        Self { call_timeout, attempt_timeout: (call_timeout / 3).max(Duration::from_millis(500)) }
     }
 }
 
@@ -125,9 +122,7 @@ where
         let (error, delivery) = match tokio::time::timeout(budget, attempt()).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(AttemptError::Registry(error))) => return Err(error),
-            Ok(Err(AttemptError::Transient(reason))) => {
-                (RegistryError::Unavailable(reason), Delivery::Unknown)
-            }
+            Ok(Err(AttemptError::Transient(reason))) => (RegistryError::Unavailable(reason), Delivery::Unknown),
             Ok(Err(AttemptError::Etcd(error))) => {
                 let delivery = classify(&error);
                 (map_error(error, context), delivery)
@@ -158,10 +153,7 @@ where
 }
 
 fn timeout(operation: &'static str, started: Instant) -> RegistryError {
-    RegistryError::Timeout {
-        operation,
-        millis: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-    }
+    RegistryError::Timeout { operation, millis: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX) }
 }
 
 /// A pause in [backoff / 2, backoff], so that clients retrying together spread out.
@@ -185,16 +177,12 @@ fn classify(error: &etcd_client::Error) -> Delivery {
 fn classify_status(status: &tonic::Status) -> Delivery {
     let message = status.message();
     match status.code() {
-        Code::Unavailable if rejected_before_proposal(message) || never_connected(status) => {
-            Delivery::NotDelivered
-        }
+        Code::Unavailable if rejected_before_proposal(message) || never_connected(status) => Delivery::NotDelivered,
         // etcd's "too many requests" is rejected before it is proposed.
         Code::ResourceExhausted => Delivery::NotDelivered,
         // "request timed out", "leader changed", a connection reset mid-request: the request
         // may have been committed.
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-            Delivery::Unknown
-        }
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => Delivery::Unknown,
         _ => Delivery::Final,
     }
 }
@@ -250,9 +238,7 @@ fn map_status(status: &tonic::Status, context: ErrorContext) -> RegistryError {
         Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled => {
             RegistryError::Unavailable(message.to_owned())
         }
-        Code::NotFound if is_lease_not_found(message) => {
-            RegistryError::LeaseNotFound(context.lease)
-        }
+        Code::NotFound if is_lease_not_found(message) => RegistryError::LeaseNotFound(context.lease),
         Code::OutOfRange if message.contains("compacted") => RegistryError::Compacted {
             requested: context.revision,
             // etcd's error does not say how far it compacted.
@@ -272,13 +258,7 @@ mod tests {
     #[test]
     fn lease_not_found_is_typed() {
         let status = tonic::Status::not_found("etcdserver: requested lease not found");
-        let error = map_error(
-            etcd_client::Error::GRpcStatus(status),
-            ErrorContext {
-                lease: 7,
-                revision: 0,
-            },
-        );
+        let error = map_error(etcd_client::Error::GRpcStatus(status), ErrorContext { lease: 7, revision: 0 });
         assert!(matches!(error, RegistryError::LeaseNotFound(7)));
     }
 
@@ -305,9 +285,9 @@ mod tests {
             || {
                 attempts += 1;
                 async {
-                    Err(AttemptError::Etcd(etcd_client::Error::GRpcStatus(
-                        tonic::Status::unavailable("etcdserver: request timed out"),
-                    )))
+                    Err(AttemptError::Etcd(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                        "etcdserver: request timed out",
+                    ))))
                 }
             },
         )
@@ -327,13 +307,7 @@ mod tests {
             || {
                 attempts += 1;
                 let fail = attempts < 3;
-                async move {
-                    if fail {
-                        Err(AttemptError::Transient("stream closed".into()))
-                    } else {
-                        Ok(attempts)
-                    }
-                }
+                async move { if fail { Err(AttemptError::Transient("stream closed".into())) } else { Ok(attempts) } }
             },
         )
         .await;
@@ -350,12 +324,6 @@ mod tests {
             futures::future::pending,
         )
         .await;
-        assert!(matches!(
-            result,
-            Err(RegistryError::Timeout {
-                operation: "get",
-                ..
-            })
-        ));
+        assert!(matches!(result, Err(RegistryError::Timeout { operation: "get", .. })));
     }
 }

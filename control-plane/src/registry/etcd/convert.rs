@@ -3,8 +3,7 @@
 use bytes::Bytes;
 
 use crate::registry::{
-    Compare, CompareOp, CompareTarget, KeyValue, LeaseId, RegistryError, Result, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    Compare, CompareOp, CompareTarget, KeyValue, LeaseId, RegistryError, Result, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
 pub(super) fn txn(txn: &Txn) -> etcd_client::Txn {
@@ -23,12 +22,8 @@ fn compare(compare: &Compare) -> etcd_client::Compare {
     };
     let key = compare.key.as_bytes();
     match &compare.target {
-        CompareTarget::CreateRevision(revision) => {
-            etcd_client::Compare::create_revision(key, op, *revision)
-        }
-        CompareTarget::ModRevision(revision) => {
-            etcd_client::Compare::mod_revision(key, op, *revision)
-        }
+        CompareTarget::CreateRevision(revision) => etcd_client::Compare::create_revision(key, op, *revision),
+        CompareTarget::ModRevision(revision) => etcd_client::Compare::mod_revision(key, op, *revision),
         CompareTarget::Version(version) => etcd_client::Compare::version(key, op, *version),
         CompareTarget::Value(value) => etcd_client::Compare::value(key, op, value.to_vec()),
     }
@@ -47,10 +42,7 @@ fn op(op: &TxnOp) -> etcd_client::TxnOp {
 
 /// True when neither branch writes; such a transaction is safe to retry.
 pub(super) fn is_read_only(txn: &Txn) -> bool {
-    txn.success
-        .iter()
-        .chain(&txn.failure)
-        .all(|op| matches!(op, TxnOp::Get { .. }))
+    txn.success.iter().chain(&txn.failure).all(|op| matches!(op, TxnOp::Get { .. }))
 }
 
 /// The lease a failed transaction most likely complained about (etcd's error names none).
@@ -72,26 +64,15 @@ pub(super) fn txn_response(response: &etcd_client::TxnResponse) -> Result<TxnRes
         .into_iter()
         .map(|op_response| match op_response {
             etcd_client::TxnOpResponse::Put(_) => Ok(TxnOpResponse::Put),
-            etcd_client::TxnOpResponse::Delete(deleted) => {
-                Ok(TxnOpResponse::Delete(deleted.deleted()))
+            etcd_client::TxnOpResponse::Delete(deleted) => Ok(TxnOpResponse::Delete(deleted.deleted())),
+            etcd_client::TxnOpResponse::Get(get) => {
+                get.kvs().first().map(key_value).transpose().map(TxnOpResponse::Get)
             }
-            etcd_client::TxnOpResponse::Get(get) => get
-                .kvs()
-                .first()
-                .map(key_value)
-                .transpose()
-                .map(TxnOpResponse::Get),
             // We never send nested transactions.
-            etcd_client::TxnOpResponse::Txn(_) => Err(RegistryError::Other(
-                "unexpected nested txn response".into(),
-            )),
+            etcd_client::TxnOpResponse::Txn(_) => Err(RegistryError::Other("unexpected nested txn response".into())),
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(TxnResponse {
-        succeeded: response.succeeded(),
-        revision,
-        responses,
-    })
+    Ok(TxnResponse { succeeded: response.succeeded(), revision, responses })
 }
 
 pub(super) fn key_value(kv: &etcd_client::KeyValue) -> Result<KeyValue> {

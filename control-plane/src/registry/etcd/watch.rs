@@ -23,12 +23,7 @@ pub(super) struct WatchState {
 impl WatchState {
     /// Takes a stream whose "created" reply has already been read.
     pub fn new(stream: etcd_client::WatchStream, start_revision: i64) -> Self {
-        Self {
-            stream,
-            pending: VecDeque::new(),
-            next_revision: start_revision,
-            finished: false,
-        }
+        Self { stream, pending: VecDeque::new(), next_revision: start_revision, finished: false }
     }
 
     pub fn into_stream(self) -> WatchStream {
@@ -49,9 +44,7 @@ impl WatchState {
             }
             match self.stream.message().await {
                 Ok(Some(response)) => self.absorb(&response),
-                Ok(None) => self.fail(RegistryError::Unavailable(
-                    "etcd closed the watch stream".into(),
-                )),
+                Ok(None) => self.fail(RegistryError::Unavailable("etcd closed the watch stream".into())),
                 Err(error) => self.fail(super::call::map_error(error, Default::default())),
             }
         }
@@ -73,10 +66,7 @@ impl WatchState {
             return;
         }
         if response.canceled() {
-            self.fail(RegistryError::Unavailable(format!(
-                "etcd canceled the watch: {}",
-                response.cancel_reason()
-            )));
+            self.fail(RegistryError::Unavailable(format!("etcd canceled the watch: {}", response.cancel_reason())));
             return;
         }
         let mut batch: Vec<WatchEvent> = Vec::new();
@@ -88,10 +78,7 @@ impl WatchState {
                     return;
                 }
             };
-            if batch
-                .last()
-                .is_some_and(|last| last.revision() != converted.revision())
-            {
+            if batch.last().is_some_and(|last| last.revision() != converted.revision()) {
                 self.push_batch(std::mem::take(&mut batch));
             }
             batch.push(converted);
@@ -110,14 +97,11 @@ impl WatchState {
 }
 
 fn convert_event(event: &etcd_client::Event) -> Result<WatchEvent> {
-    let kv = event
-        .kv()
-        .ok_or_else(|| RegistryError::Other("etcd watch event without a key".into()))?;
+    let kv = event.kv().ok_or_else(|| RegistryError::Other("etcd watch event without a key".into()))?;
     Ok(match event.event_type() {
         etcd_client::EventType::Put => WatchEvent::Put(convert::key_value(kv)?),
-        etcd_client::EventType::Delete => WatchEvent::Delete {
-            key: convert::key_string(kv.key())?,
-            mod_revision: kv.mod_revision(),
-        },
+        etcd_client::EventType::Delete => {
+            WatchEvent::Delete { key: convert::key_string(kv.key())?, mod_revision: kv.mod_revision() }
+        }
     })
 }

@@ -18,11 +18,8 @@ const TTL: Duration = Duration::from_secs(1);
 const EXPIRY_DEADLINE: Duration = Duration::from_secs(15);
 
 async fn put_on_lease(registry: &dyn Registry, key: &str, lease: i64) {
-    let response = ok(
-        "put on lease",
-        registry.txn(Txn::new().and_then([TxnOp::put_with_lease(key, "leased", lease)])),
-    )
-    .await;
+    let response =
+        ok("put on lease", registry.txn(Txn::new().and_then([TxnOp::put_with_lease(key, "leased", lease)]))).await;
     assert!(response.succeeded);
 }
 
@@ -43,9 +40,7 @@ pub async fn lease_expiry_deletes_keys(case: Case) {
     let granted = Instant::now();
     let lease = ok("grant", registry.grant_lease(TTL)).await;
     put_on_lease(registry, &key, lease).await;
-    let stored = ok("get", registry.get(&key))
-        .await
-        .expect("key on a live lease");
+    let stored = ok("get", registry.get(&key)).await.expect("key on a live lease");
     assert_eq!(stored.lease, lease);
 
     assert!(
@@ -53,10 +48,7 @@ pub async fn lease_expiry_deletes_keys(case: Case) {
         "key on an unrenewed lease still present {EXPIRY_DEADLINE:?} after the grant"
     );
     let lifetime = granted.elapsed();
-    assert!(
-        lifetime >= TTL - Duration::from_millis(100),
-        "key vanished after {lifetime:?}, before the TTL"
-    );
+    assert!(lifetime >= TTL - Duration::from_millis(100), "key vanished after {lifetime:?}, before the TTL");
     assert_lease_not_found(registry, lease, "keep-alive after expiry").await;
 }
 
@@ -71,21 +63,12 @@ pub async fn lease_keep_alive_extends_past_ttl(case: Case) {
     let renew_until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < renew_until {
         let remaining = ok("keep_alive", registry.keep_alive(lease)).await;
-        assert!(
-            remaining >= TTL,
-            "renewal returned remaining TTL {remaining:?}"
-        );
-        assert!(
-            ok("get", registry.get(&key)).await.is_some(),
-            "key vanished while its lease was renewed"
-        );
+        assert!(remaining >= TTL, "renewal returned remaining TTL {remaining:?}");
+        assert!(ok("get", registry.get(&key)).await.is_some(), "key vanished while its lease was renewed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Once renewals stop, it expires as usual.
-    assert!(
-        eventually(EXPIRY_DEADLINE, || gone(registry, &key)).await,
-        "key still present after renewals stopped"
-    );
+    assert!(eventually(EXPIRY_DEADLINE, || gone(registry, &key)).await, "key still present after renewals stopped");
 }
 
 pub async fn lease_revoke_deletes_keys_now(case: Case) {
@@ -98,10 +81,7 @@ pub async fn lease_revoke_deletes_keys_now(case: Case) {
 
     ok("revoke", registry.revoke_lease(lease)).await;
     // Linearizable: the very next read sees the deletion.
-    assert!(
-        gone(registry, &first).await,
-        "revoke deletes the lease's keys at once"
-    );
+    assert!(gone(registry, &first).await, "revoke deletes the lease's keys at once");
     assert!(gone(registry, &second).await);
     ok("revoke again", registry.revoke_lease(lease)).await;
     assert_lease_not_found(registry, lease, "keep-alive after revoke").await;
@@ -111,17 +91,8 @@ pub async fn keep_alive_on_missing_lease_fails(case: Case) {
     let registry = case.registry.as_ref();
     // Ids nobody granted: etcd's are random 63-bit numbers, the embedded ones count up.
     let never_granted = 0x7ead_beef_0000_0000 | i64::from(rand::random::<u32>());
-    assert_lease_not_found(
-        registry,
-        never_granted,
-        "keep-alive of a never granted lease",
-    )
-    .await;
-    ok(
-        "revoke a never granted lease",
-        registry.revoke_lease(never_granted),
-    )
-    .await;
+    assert_lease_not_found(registry, never_granted, "keep-alive of a never granted lease").await;
+    ok("revoke a never granted lease", registry.revoke_lease(never_granted)).await;
 
     // A lease renewed once (which may cache a stream) and then revoked.
     let lease = ok("grant", registry.grant_lease(Duration::from_secs(60))).await;
@@ -135,11 +106,7 @@ pub async fn put_without_lease_detaches_key(case: Case) {
     let key = case.key("moved");
     let lease = ok("grant", registry.grant_lease(Duration::from_secs(60))).await;
     put_on_lease(registry, &key, lease).await;
-    ok(
-        "put without lease",
-        registry.put(&key, Bytes::from_static(b"kept")),
-    )
-    .await;
+    ok("put without lease", registry.put(&key, Bytes::from_static(b"kept"))).await;
     let stored = ok("get", registry.get(&key)).await.expect("key");
     assert_eq!(stored.lease, 0, "a put without lease detaches the key");
 

@@ -25,13 +25,7 @@ async fn expect_put(watch: &mut WatchStream, key: &str, value: &str, revision: i
 
 async fn expect_delete(watch: &mut WatchStream, key: &str, revision: i64) {
     let batch = next_batch(watch, &format!("delete of {key}")).await;
-    assert_eq!(
-        batch,
-        vec![WatchEvent::Delete {
-            key: key.to_owned(),
-            mod_revision: revision,
-        }]
-    );
+    assert_eq!(batch, vec![WatchEvent::Delete { key: key.to_owned(), mod_revision: revision }]);
 }
 
 pub async fn watch_sees_prefix_puts_and_deletes_in_order(case: Case) {
@@ -43,23 +37,10 @@ pub async fn watch_sees_prefix_puts_and_deletes_in_order(case: Case) {
     let b = format!("{dir}b");
     let first = ok("put a", registry.put(&a, Bytes::from_static(b"1"))).await;
     // Outside the prefix, including a neighbour that shares its beginning.
-    ok(
-        "put outside",
-        registry.put(&case.key("other/a"), Bytes::new()),
-    )
-    .await;
-    ok(
-        "put neighbour",
-        registry.put(&case.key("watched0"), Bytes::new()),
-    )
-    .await;
+    ok("put outside", registry.put(&case.key("other/a"), Bytes::new())).await;
+    ok("put neighbour", registry.put(&case.key("watched0"), Bytes::new())).await;
     let second = ok("put b", registry.put(&b, Bytes::from_static(b"2"))).await;
-    let deleted = ok(
-        "delete a",
-        registry.txn(Txn::new().and_then([TxnOp::delete(&a)])),
-    )
-    .await
-    .revision;
+    let deleted = ok("delete a", registry.txn(Txn::new().and_then([TxnOp::delete(&a)]))).await.revision;
     let updated = ok("update b", registry.put(&b, Bytes::from_static(b"3"))).await;
 
     expect_put(&mut watch, &a, "1", first).await;
@@ -96,11 +77,7 @@ pub async fn watch_groups_txn_events(case: Case) {
     let revision = response.revision;
     assert_eq!(
         summary,
-        vec![
-            (a.clone(), revision, true),
-            (b, revision, true),
-            (c, revision, false)
-        ],
+        vec![(a.clone(), revision, true), (b, revision, true), (c, revision, false)],
         "a txn's events arrive together, in op order"
     );
     expect_put(&mut watch, &a, "4", single).await;
@@ -113,11 +90,7 @@ pub async fn watch_replays_from_start_revision(case: Case) {
     for (key, value) in [(&a, "1"), (&b, "2"), (&a, "3")] {
         revisions.push(ok("put", registry.put(key, Bytes::from(value))).await);
     }
-    let deleted = ok(
-        "delete b",
-        registry.txn(Txn::new().and_then([TxnOp::delete(&b)])),
-    )
-    .await;
+    let deleted = ok("delete b", registry.txn(Txn::new().and_then([TxnOp::delete(&b)]))).await;
     revisions.push(deleted.revision);
 
     // From the second write: exactly the writes from then on, then live ones.
@@ -129,11 +102,7 @@ pub async fn watch_replays_from_start_revision(case: Case) {
     expect_put(&mut watch, &b, "5", live).await;
 
     // From the first write: all of it.
-    let mut full = ok(
-        "watch all",
-        registry.watch_prefix(&case.prefix, revisions[0]),
-    )
-    .await;
+    let mut full = ok("watch all", registry.watch_prefix(&case.prefix, revisions[0])).await;
     expect_put(&mut full, &a, "1", revisions[0]).await;
     expect_put(&mut full, &b, "2", revisions[1]).await;
     expect_put(&mut full, &a, "3", revisions[2]).await;
@@ -144,17 +113,9 @@ pub async fn watch_replays_from_start_revision(case: Case) {
 pub async fn watch_from_now_skips_history(case: Case) {
     let registry = &case.registry;
     let key = case.key("k");
-    ok(
-        "put before",
-        registry.put(&key, Bytes::from_static(b"before")),
-    )
-    .await;
+    ok("put before", registry.put(&key, Bytes::from_static(b"before"))).await;
     let mut watch = ok("watch", registry.watch_prefix(&case.prefix, 0)).await;
-    let after = ok(
-        "put after",
-        registry.put(&key, Bytes::from_static(b"after")),
-    )
-    .await;
+    let after = ok("put after", registry.put(&key, Bytes::from_static(b"after"))).await;
     expect_put(&mut watch, &key, "after", after).await;
 }
 
@@ -163,21 +124,12 @@ pub async fn watch_reports_lease_expiry(case: Case) {
     let key = case.key("ephemeral");
     let mut watch = ok("watch", registry.watch_prefix(&case.prefix, 0)).await;
     let lease = ok("grant", registry.grant_lease(Duration::from_secs(1))).await;
-    let put = ok(
-        "put on lease",
-        registry.txn(Txn::new().and_then([TxnOp::put_with_lease(&key, "x", lease)])),
-    )
-    .await;
+    let put = ok("put on lease", registry.txn(Txn::new().and_then([TxnOp::put_with_lease(&key, "x", lease)]))).await;
     expect_put(&mut watch, &key, "x", put.revision).await;
     // Nobody renews the lease; its expiry must show up as a delete at a later revision.
     let batch = next_batch(&mut watch, "expiry delete").await;
     match batch.as_slice() {
-        [
-            WatchEvent::Delete {
-                key: deleted,
-                mod_revision,
-            },
-        ] => {
+        [WatchEvent::Delete { key: deleted, mod_revision }] => {
             assert_eq!(deleted, &key);
             assert!(*mod_revision > put.revision);
         }
@@ -214,10 +166,7 @@ pub async fn watch_concurrent_writers_exactly_once(case: Case) {
     let mut expected: HashMap<i64, (String, String)> = HashMap::new();
     for writer in writers {
         for (revision, key, value) in within("writer", writer).await.expect("writer task") {
-            assert!(
-                expected.insert(revision, (key, value)).is_none(),
-                "two writes got revision {revision}"
-            );
+            assert!(expected.insert(revision, (key, value)).is_none(), "two writes got revision {revision}");
         }
     }
 
@@ -229,21 +178,13 @@ pub async fn watch_concurrent_writers_exactly_once(case: Case) {
             let WatchEvent::Put(kv) = event else {
                 panic!("unexpected delete {event:?}");
             };
-            assert!(
-                kv.mod_revision > last_revision,
-                "revision {} after {last_revision}",
-                kv.mod_revision
-            );
+            assert!(kv.mod_revision > last_revision, "revision {} after {last_revision}", kv.mod_revision);
             last_revision = kv.mod_revision;
             let Some((key, value)) = expected.get(&kv.mod_revision) else {
                 panic!("event at revision {} matches no write", kv.mod_revision);
             };
             assert_eq!((&kv.key, &kv.value), (key, &Bytes::from(value.clone())));
-            assert!(
-                seen.insert(kv.mod_revision),
-                "duplicate event {}",
-                kv.mod_revision
-            );
+            assert!(seen.insert(kv.mod_revision), "duplicate event {}", kv.mod_revision);
         }
     }
     assert_eq!(seen.len(), TOTAL);
@@ -258,31 +199,17 @@ pub async fn watch_from_compacted_revision_fails(case: Case) {
     }
     ok("compact", case.fixture.compact(revisions[2])).await;
 
-    let mut stale = ok(
-        "watch from compacted",
-        registry.watch_prefix(&case.prefix, revisions[0]),
-    )
-    .await;
+    let mut stale = ok("watch from compacted", registry.watch_prefix(&case.prefix, revisions[0])).await;
     match within("compacted item", stale.next()).await {
-        Some(Err(RegistryError::Compacted {
-            requested,
-            compact_revision,
-        })) => {
+        Some(Err(RegistryError::Compacted { requested, compact_revision })) => {
             assert_eq!(requested, revisions[0]);
             assert_eq!(compact_revision, revisions[2]);
         }
         other => panic!("expected Compacted, got {other:?}"),
     }
-    assert!(
-        within("end after compacted", stale.next()).await.is_none(),
-        "Compacted ends the stream"
-    );
+    assert!(within("end after compacted", stale.next()).await.is_none(), "Compacted ends the stream");
 
     // The compaction revision itself is still watchable.
-    let mut kept = ok(
-        "watch from compaction",
-        registry.watch_prefix(&case.prefix, revisions[2]),
-    )
-    .await;
+    let mut kept = ok("watch from compaction", registry.watch_prefix(&case.prefix, revisions[2])).await;
     expect_put(&mut kept, &key, "3", revisions[2]).await;
 }
