@@ -86,11 +86,11 @@ enum Observed {
     /// A usable record: READY on a live node.
     Ready(Arc<WorkspaceRecord>),
     /// Absent or not usable; `None` when absent.
-    NotReady(Option<(WorkspaceRecord, i64)>),
+    NotReady(Option<Box<WorkspaceRecord>>),
 }
 
 enum WaitOutcome {
-    Record(WorkspaceRecord),
+    Record(Box<WorkspaceRecord>),
     LockReleased,
 }
 
@@ -177,8 +177,7 @@ impl Binder {
             if current.is_none() && request.create.is_none() {
                 return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
             }
-            let holder = Bytes::from(self.config.replica_id.clone());
-            match self.registry.create_if_absent(&lock_key, holder, self.lease.id()).await? {
+            match self.acquire_lock(workspace_id).await? {
                 Ok(fence) => {
                     self.stats.won.fetch_add(1, Relaxed);
                     // Provision under the lock, then free it whatever happened (the record
@@ -204,12 +203,12 @@ impl Binder {
                                 if Some(record.generation) != request.replace_generation
                                     && record.node_id.as_deref().is_some_and(|node| self.view.node_is_live(node)) =>
                             {
-                                return Ok(Arc::new(record));
+                                return Ok(Arc::from(record));
                             }
                             StoredState::Failed => {
                                 return Err(ControlPlaneError::WorkspaceFailed {
                                     workspace_id: workspace_id.to_string(),
-                                    reason: record.failure.unwrap_or_default(),
+                                    reason: record.failure.clone().unwrap_or_default(),
                                 });
                             }
                             _ => {}
@@ -232,14 +231,14 @@ impl Binder {
         let key = self.keys.workspace(workspace_id);
         let (found, revision) = self.read_record(&key).await?;
         match found {
-            Some((record, mod_revision)) => {
+            Some((record, _)) => {
                 let usable = record.state == StoredState::Ready
                     && Some(record.generation) != replace_generation
                     && record.node_id.as_deref().is_some_and(|node| self.view.node_is_live(node));
                 if usable {
                     Ok(Observed::Ready(Arc::new(record)))
                 } else {
-                    Ok(Observed::NotReady(Some((record, mod_revision))))
+                    Ok(Observed::NotReady(Some(Box::new(record))))
                 }
             }
             None => {
@@ -276,7 +275,7 @@ impl Binder {
         };
         let now = now_ms();
         let mut record = match (current, &request.create) {
-            (Some((record, _)), _) => record,
+            (Some(record), _) => *record,
             (None, Some(new)) => WorkspaceRecord {
                 version: RECORD_VERSION,
                 id: workspace_id.clone(),
@@ -391,8 +390,25 @@ impl Binder {
     /// Takes the bind lock for a state change other than a bind (sweeper, close). Returns
     /// the fence, or `None` when another replica holds it.
     pub(crate) async fn try_lock(&self, workspace_id: &WorkspaceId) -> Result<Option<i64>> {
-        let holder = Bytes::from(self.config.replica_id.clone());
-        Ok(self.registry.create_if_absent(&self.keys.lock(workspace_id), holder, self.lease.id()).await?.ok())
+        Ok(self.acquire_lock(workspace_id).await?.ok())
+    }
+
+    /// Creates the bind lock on this replica's lease. Its value is the replica id plus a
+    /// fresh nonce, so after an ambiguous failure (the create may or may not have landed)
+    /// one read tells whether the lock is ours — an own lock left behind would otherwise
+    /// block the workspace for as long as this replica lives.
+    async fn acquire_lock(&self, workspace_id: &WorkspaceId) -> Result<std::result::Result<i64, KeyValue>> {
+        let lock_key = self.keys.lock(workspace_id);
+        let holder = format!("{}/{:016x}", self.config.replica_id, rand::random::<u64>());
+        match self.registry.create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id()).await {
+            Ok(outcome) => Ok(outcome),
+            Err(error) if error.is_retryable() => match self.registry.get(&lock_key).await? {
+                Some(lock) if lock.value == holder.as_bytes() => Ok(Ok(lock.create_revision)),
+                Some(lock) => Ok(Err(lock)),
+                None => Err(error.into()),
+            },
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Waits until the lock holder finishes: the record turns READY / FAILED, or the lock
@@ -411,7 +427,7 @@ impl Binder {
                         self.view.workspaces.apply_put(&kv);
                         let record = records::decode::<WorkspaceRecord>(&kv.key, &kv.value)?;
                         if matches!(record.state, StoredState::Ready | StoredState::Failed) {
-                            return Ok(WaitOutcome::Record(record));
+                            return Ok(WaitOutcome::Record(Box::new(record)));
                         }
                     }
                     WatchEvent::Delete { key, .. } if key == lock_key => return Ok(WaitOutcome::LockReleased),

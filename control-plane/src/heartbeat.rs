@@ -214,10 +214,10 @@ impl NodeSession {
                 }
             }
             self.absorb(report.clone());
-            if self.last_write.elapsed() >= self.config.node_record_refresh() {
-                if let Err(error) = self.write_record().await {
-                    tracing::warn!(node_id = %self.record.node_id, %error, "writing the node record failed");
-                }
+            if self.last_write.elapsed() >= self.config.node_record_refresh()
+                && let Err(error) = self.write_record().await
+            {
+                tracing::warn!(node_id = %self.record.node_id, %error, "writing the node record failed");
             }
             let ack = ControlMsg::Ack(v1::HeartbeatAck { seq: report.seq });
             if sender.send(Ok(ControlMessage { msg: Some(ack) })).await.is_err() {
