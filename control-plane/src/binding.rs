@@ -298,23 +298,14 @@ impl Binder {
                 return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
             }
         };
-        // Prefer the node that holds the data (an IDLE workspace wakes where it slept).
-        let node = self.placement.choose(
-            &self.view,
-            workspace_id.as_str(),
-            &record.backend,
-            &record.spec.labels,
-            record.node_id.as_deref(),
-        )?;
-        let generation = record.generation + 1;
-        let provisioned = self.provision_on(&node.node_id, &node.address, &record, generation).await;
+        let (node_id, generation, provisioned) = self.place_and_provision(&record).await?;
         record.generation = generation;
         record.updated_at_ms = now_ms();
         record.changed_by = self.config.replica_id.clone();
         let outcome = match provisioned {
             Ok(backend) => {
                 record.state = StoredState::Ready;
-                record.node_id = Some(node.node_id.clone());
+                record.node_id = Some(node_id);
                 record.backend = backend;
                 record.failure = None;
                 self.stats.provisioned.fetch_add(1, Relaxed);
@@ -328,6 +319,38 @@ impl Binder {
         };
         self.write_fenced(workspace_id, &record, fence).await?;
         outcome.map(|()| Arc::new(record))
+    }
+
+    /// Places the workspace and provisions it. A node that is unreachable or not serving
+    /// yet (fenced until its registration lands) gets a few retries, each at a new
+    /// generation, so a half-made copy from a failed attempt is recognisably stale and
+    /// removed by the node's reconciliation. Returns the node, the generation and the
+    /// provisioning outcome.
+    async fn place_and_provision(&self, record: &WorkspaceRecord) -> Result<(String, u64, Result<String>)> {
+        const ATTEMPTS: u64 = 5;
+        let mut backoff = Duration::from_millis(100);
+        let mut attempt = 1;
+        loop {
+            // Prefer the node that holds the data (an IDLE workspace wakes where it slept).
+            let node = self.placement.choose(
+                &self.view,
+                record.id.as_str(),
+                &record.backend,
+                &record.spec.labels,
+                record.node_id.as_deref(),
+            )?;
+            let generation = record.generation + attempt;
+            let outcome = self.provision_on(&node.node_id, &node.address, record, generation).await;
+            let retryable =
+                matches!(&outcome, Err(ControlPlaneError::ProvisionFailed { code: tonic::Code::Unavailable, .. }));
+            if !retryable || attempt == ATTEMPTS {
+                return Ok((node.node_id.clone(), generation, outcome));
+            }
+            tracing::info!(ws_id = %record.id, node_id = %node.node_id, attempt, "node not serving; provisioning again");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            attempt += 1;
+        }
     }
 
     /// Calls Provision on the node; returns the backend it used.

@@ -1,58 +1,29 @@
 //! Real etcd processes for cross-process tests: one member ([`EtcdProcess`]), a cluster
 //! ([`EtcdCluster`]), and one lazily started process shared by a test binary ([`shared`]).
 //!
-//! Each etcd runs under a tiny `sh` supervisor holding the read end of a pipe whose write
-//! end only this test process holds (the "lifeline"). When this process exits — normally,
-//! by panic, or SIGKILLed by a harness — the pipe closes and the supervisor SIGKILLs etcd
-//! and deletes its data directory. So no etcd outlives `cargo test`, even the shared one,
-//! whose `static` is never dropped. `Drop` kills explicitly and keeps `etcd.log` (not the
-//! data) when the thread is panicking, so a failed test leaves its log behind; so does a
-//! failed start.
+//! Each etcd is a [`ManagedProcess`]: killed by PID on drop, and by its supervisor when
+//! the test process dies, so no etcd outlives `cargo test`, even the shared one. A failed
+//! start keeps the log (not the 100+ MB of preallocated WAL).
 //!
 //! A test that cannot start etcd fails loudly with the tail of etcd's log; it never skips.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use berth_control_plane::registry::etcd::{EtcdConfig, EtcdRegistry};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tempfile::TempDir;
+
+use crate::process::{ManagedProcess, ProcessSpec};
 
 /// How long a fresh etcd (or cluster) may take to answer `/health`.
 const READY_DEADLINE: Duration = Duration::from_secs(20);
 /// Attempts with fresh ports when etcd dies at start (a port taken between our probe bind
 /// and etcd's bind is the usual cause).
 const START_ATTEMPTS: usize = 3;
-
-/// `$1` log file, `$2` directory to delete when the lifeline closes, `$3...` the etcd
-/// command. Prints etcd's PID, then waits for etcd and exits with its status. The watcher
-/// subshell blocks reading the lifeline (fd 3); EOF means the test process is gone, so it
-/// marks that and kills etcd. The directory is removed only after `wait` has reaped etcd:
-/// removing it right after `kill -9` raced etcd's last writes and left files behind. When
-/// the test kills etcd itself, there is no mark and `TempDir` cleans up. The shell's own
-/// messages ("Killed") go to the log, not into the test output.
-const SUPERVISOR: &str = r#"
-log="$1"; dir="$2"; shift 2
-exec 3<&0 2>>"$log"
-"$@" >>"$log" 2>&1 </dev/null 3<&- &
-child=$!
-echo "$child"
-{ read -r _ <&3; : >"$dir/lifeline-closed"; kill -9 "$child" 2>/dev/null; } &
-watcher=$!
-exec 3<&-
-wait "$child"
-status=$?
-kill "$watcher" 2>/dev/null
-if [ -e "$dir/lifeline-closed" ]; then rm -rf "$dir"; fi
-exit "$status"
-"#;
 
 /// The etcd binary: `$BERTH_ETCD_BIN`, else `/usr/bin/etcd`, else `etcd` on `PATH`.
 pub fn etcd_binary() -> PathBuf {
@@ -66,11 +37,7 @@ pub fn etcd_binary() -> PathBuf {
     PathBuf::from("etcd")
 }
 
-/// A loopback port that was free a moment ago (bound to port 0, then released).
-pub fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
+pub use crate::process::free_port;
 
 /// Where one member listens and whom it starts a cluster with.
 struct MemberSpec {
@@ -107,12 +74,7 @@ impl MemberSpec {
 pub struct EtcdProcess {
     name: String,
     client_port: u16,
-    pid: u32,
-    supervisor: Mutex<Child>,
-    /// Closing it makes the supervisor kill etcd; see the module docs.
-    lifeline: Mutex<Option<ChildStdin>>,
-    dir: Option<TempDir>,
-    log_path: PathBuf,
+    process: ManagedProcess,
 }
 
 impl EtcdProcess {
@@ -153,53 +115,21 @@ impl EtcdProcess {
 
     /// Kills etcd and leaves its log on disk (the data directory, 100+ MB of preallocated
     /// WAL, goes).
-    fn keep_log(mut self) {
-        self.kill();
-        if let Some(dir) = self.dir.take() {
-            let kept = dir.keep();
-            let _ = std::fs::remove_dir_all(kept.join("data"));
-        }
+    fn keep_log(self) {
+        self.process.kill();
+        let kept = self.process.keep_dir();
+        let _ = std::fs::remove_dir_all(kept.join("data"));
     }
 
     fn spawn(spec: &MemberSpec) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("berth-etcd-").tempdir().context("create etcd temp dir")?;
-        let log_path = dir.path().join("etcd.log");
-        let binary = etcd_binary();
-        let mut command = Command::new("/bin/sh");
-        command
-            .arg("-c")
-            .arg(SUPERVISOR)
-            .arg("berth-etcd-supervisor")
-            .arg(&log_path)
-            .arg(dir.path())
-            .arg(&binary)
-            .args(spec.args(&dir.path().join("data")))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // Stray ETCD_* settings of the developer's shell would override our flags.
-        for (variable, _) in std::env::vars_os() {
-            if variable.to_string_lossy().starts_with("ETCD_") {
-                command.env_remove(variable);
-            }
-        }
-        let mut supervisor =
-            command.spawn().with_context(|| format!("spawn the etcd supervisor for {}", binary.display()))?;
-        let lifeline = supervisor.stdin.take();
-        let stdout = supervisor.stdout.take().ok_or_else(|| anyhow!("supervisor has no stdout"))?;
-        let mut first_line = String::new();
-        BufReader::new(stdout).read_line(&mut first_line).context("read etcd pid from the supervisor")?;
-        let pid: u32 =
-            first_line.trim().parse().with_context(|| format!("supervisor printed {first_line:?} instead of a pid"))?;
-        Ok(Self {
-            name: spec.name.clone(),
-            client_port: spec.client_port,
-            pid,
-            supervisor: Mutex::new(supervisor),
-            lifeline: Mutex::new(lifeline),
-            dir: Some(dir),
-            log_path,
-        })
+        let data_dir = dir.path().join("data");
+        let process_spec = ProcessSpec {
+            env_remove_prefixes: vec!["ETCD_".into()],
+            ..ProcessSpec::new(format!("etcd-{}", spec.name), etcd_binary()).args(spec.args(&data_dir))
+        };
+        let process = ManagedProcess::spawn_in(process_spec, dir)?;
+        Ok(Self { name: spec.name.clone(), client_port: spec.client_port, process })
     }
 
     /// Polls `/health` until it reports healthy (which needs a leader), etcd exits, or the
@@ -210,7 +140,7 @@ impl EtcdProcess {
                 bail!(
                     "etcd {} exited during start; log {}:\n{}",
                     self.name,
-                    self.log_path.display(),
+                    self.process.log_path().display(),
                     self.log_tail(30)
                 );
             }
@@ -221,7 +151,7 @@ impl EtcdProcess {
                 bail!(
                     "etcd {} not healthy after {READY_DEADLINE:?}; log {}:\n{}",
                     self.name,
-                    self.log_path.display(),
+                    self.process.log_path().display(),
                     self.log_tail(30)
                 );
             }
@@ -239,40 +169,26 @@ impl EtcdProcess {
     }
 
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.process.pid()
     }
 
     pub fn log_path(&self) -> &Path {
-        &self.log_path
+        self.process.log_path()
     }
 
     /// The last `lines` lines of etcd's log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let mut text = String::new();
-        if let Err(error) = std::fs::File::open(&self.log_path).and_then(|mut file| file.read_to_string(&mut text)) {
-            return format!("(cannot read {}: {error})", self.log_path.display());
-        }
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        self.process.log_tail(lines)
     }
 
-    /// Whether etcd still runs (its supervisor exits as soon as etcd does).
+    /// Whether etcd still runs.
     pub fn is_running(&self) -> bool {
-        let mut supervisor = self.supervisor.lock().unwrap_or_else(PoisonError::into_inner);
-        matches!(supervisor.try_wait(), Ok(None))
+        self.process.is_running()
     }
 
     /// SIGKILLs etcd by PID and waits until it is gone. Idempotent.
     pub fn kill(&self) {
-        let Ok(pid) = i32::try_from(self.pid) else {
-            return;
-        };
-        // ESRCH: already dead, which is what we want.
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.is_running() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.process.kill();
     }
 
     /// `GET /health` over plain HTTP on the client port; true when etcd reports healthy.
@@ -289,22 +205,6 @@ impl EtcdProcess {
             member_id: field(&json["header"]["member_id"]).ok_or_else(|| anyhow!("no member_id in {body}"))?,
             leader_id: field(&json["leader"]).ok_or_else(|| anyhow!("no leader in {body}"))?,
         })
-    }
-}
-
-impl Drop for EtcdProcess {
-    fn drop(&mut self) {
-        self.kill();
-        // The supervisor has exited (or been given up on); closing the lifeline now only
-        // releases its watcher.
-        drop(self.lifeline.lock().unwrap_or_else(PoisonError::into_inner).take());
-        if std::thread::panicking()
-            && let Some(dir) = self.dir.take()
-        {
-            let kept = dir.keep();
-            let _ = std::fs::remove_dir_all(kept.join("data"));
-            eprintln!("etcd {} log kept at {}", self.name, kept.join("etcd.log").display());
-        }
     }
 }
 

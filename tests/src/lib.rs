@@ -1,4 +1,7 @@
-//! Cross-process integration test support: real etcd processes (and, later, replicas and
-//! node agents) started and killed by PID.
+//! Cross-process integration test support: real etcd processes, Berth replicas and node
+//! agents, started and killed by PID.
 
+pub mod berth;
+pub mod cluster;
 pub mod etcd;
+pub mod process;

@@ -1,0 +1,146 @@
+//! In-replica single-flight: N concurrent first requests for one workspace share one bind
+//! task and one provision, and all get the same answer — or the same error.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use berth_control_plane::binding::{BindRequest, Binder, NewWorkspace};
+use berth_control_plane::keys::Keys;
+use berth_control_plane::lease::ReplicaLease;
+use berth_control_plane::node_client::NodeClients;
+use berth_control_plane::registry::embedded::EmbeddedRegistry;
+use berth_control_plane::view::ReplicaView;
+use berth_control_plane::{ControlPlaneConfig, IsolationPolicy, RegistryRef};
+use berth_proto::v1;
+use berth_workspace::{WorkspaceId, WorkspaceSpec};
+use tokio_util::sync::CancellationToken;
+
+/// A replica's binding machinery on an embedded registry, plus one real node agent serving
+/// NodeAgentService. Node registration goes through the real heartbeat service of a replica
+/// served on a loopback port.
+struct Harness {
+    binder: Arc<Binder>,
+    node: v1::node_agent_service_client::NodeAgentServiceClient<tonic::transport::Channel>,
+    _data: tempfile::TempDir,
+    cancel: CancellationToken,
+}
+
+/// `provision_delay` holds every provision on the node, so all concurrent callers arrive
+/// while the first bind is still in flight.
+async fn harness(provision_delay: Duration) -> Harness {
+    let registry: RegistryRef = EmbeddedRegistry::new();
+    let cancel = CancellationToken::new();
+    let config = ControlPlaneConfig::new("replica-test");
+    // A real replica serves the heartbeat endpoint the node registers with.
+    let replica_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let replica_url = format!("http://{}", replica_listener.local_addr().unwrap());
+    tokio::spawn(berth_control_plane::serve(replica_listener, config.clone(), Arc::clone(&registry), cancel.clone()));
+    let data = tempfile::tempdir().unwrap();
+    let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let node_url = format!("http://{}", node_listener.local_addr().unwrap());
+    let mut node_config = berth_node_agent::NodeAgentConfig::new("node-a", data.path());
+    node_config.control_planes = vec![replica_url];
+    node_config.debug_provision_delay = provision_delay;
+    tokio::spawn(berth_node_agent::serve(node_listener, node_config, cancel.clone()));
+
+    // The binder under test, a second "replica" sharing the registry.
+    let keys = Keys::default();
+    let view = ReplicaView::start(Arc::clone(&registry), &keys, cancel.clone()).await.unwrap();
+    let lease = ReplicaLease::start(
+        Arc::clone(&registry),
+        Duration::from_secs(5),
+        keys.replica("replica-binder"),
+        "x".into(),
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+    let mut binder_config = ControlPlaneConfig::new("replica-binder");
+    binder_config.bind_timeout = Duration::from_secs(20);
+    let binder =
+        Arc::new(Binder::new(registry, keys, Arc::clone(&view), lease, Arc::new(NodeClients::new()), binder_config));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while view.live_nodes().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the node never registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut node = v1::node_agent_service_client::NodeAgentServiceClient::new(
+        tonic::transport::Endpoint::from_shared(node_url).unwrap().connect_lazy(),
+    );
+    // Listed is not yet serving: the node lifts its fence when the registration answer
+    // arrives. A fenced node answers UNAVAILABLE; a serving one says "not provisioned".
+    loop {
+        let probe = node.stat(v1::StatRequest { workspace_id: "ws-probe".into(), path: String::new() }).await;
+        if probe.is_err_and(|status| status.code() == tonic::Code::FailedPrecondition) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the node never started serving");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Harness { binder, node, _data: data, cancel }
+}
+
+fn request(workspace: &WorkspaceId, backend: &str) -> BindRequest {
+    BindRequest {
+        create: Some(NewWorkspace {
+            owner: "alice".into(),
+            agent: "coder".into(),
+            policy: IsolationPolicy::PerAgent,
+            backend: backend.into(),
+            spec: WorkspaceSpec::default(),
+        }),
+        ..BindRequest::existing(workspace.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_hundred_concurrent_first_requests_provision_once() {
+    let mut harness = harness(Duration::from_millis(500)).await;
+    let workspace = WorkspaceId::new("ws-single-flight").unwrap();
+    let calls: Vec<_> = (0..500)
+        .map(|_| {
+            let binder = Arc::clone(&harness.binder);
+            let request = request(&workspace, "");
+            tokio::spawn(async move { binder.ensure_ready(request).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap().expect("bind succeeds"));
+    }
+    assert!(answers.iter().all(|record| record.id == workspace && record.generation == 1));
+    let stats = &harness.binder.stats;
+    assert_eq!(stats.provisioned.load(Ordering::Relaxed), 1, "exactly one provision");
+    assert_eq!(stats.started.load(Ordering::Relaxed), 1, "exactly one bind task for 500 callers");
+    let local = harness.node.list_local(v1::ListLocalRequest {}).await.unwrap().into_inner();
+    assert_eq!(local.workspaces.len(), 1);
+    assert_eq!(local.workspaces[0].generation, 1);
+    harness.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_requests_share_one_error() {
+    let harness = harness(Duration::from_millis(500)).await;
+    // Provisioning fails on the node after its delay: its workspaces directory is a file.
+    let workspaces_dir = harness._data.path().join("workspaces");
+    std::fs::remove_dir_all(&workspaces_dir).unwrap();
+    std::fs::write(&workspaces_dir, b"not a directory").unwrap();
+    let workspace = WorkspaceId::new("ws-single-flight-error").unwrap();
+    let calls: Vec<_> = (0..50)
+        .map(|_| {
+            let binder = Arc::clone(&harness.binder);
+            let request = request(&workspace, "");
+            tokio::spawn(async move { binder.ensure_ready(request).await })
+        })
+        .collect();
+    let mut messages = Vec::new();
+    for call in calls {
+        let error = call.await.unwrap().expect_err("provisioning fails");
+        messages.push(error.to_string());
+    }
+    assert!(messages.iter().all(|message| message == &messages[0]), "{messages:?}");
+    assert!(messages[0].contains("ws-single-flight-error"), "{}", messages[0]);
+    assert_eq!(harness.binder.stats.started.load(Ordering::Relaxed), 1, "one bind task for 50 callers");
+    harness.cancel.cancel();
+}

@@ -1,0 +1,224 @@
+//! A Berth cluster of real processes: R `berth control-plane` replicas and M
+//! `berth node-agent`s on an etcd, under a random key prefix so clusters can share one etcd.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use berth_proto::v1;
+use tempfile::TempDir;
+
+use crate::berth::BerthProcess;
+use crate::process::wait_until;
+
+/// Settings of a test cluster. Leases are short so failures show quickly.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub replicas: usize,
+    pub nodes: usize,
+    pub etcd_endpoints: Vec<String>,
+    pub replica_lease_ttl: &'static str,
+    pub node_lease_ttl: &'static str,
+    pub heartbeat_interval: &'static str,
+    pub idle_ttl: &'static str,
+    pub bind_timeout: &'static str,
+    pub isolation: &'static str,
+    /// Extra flags for every node agent (e.g. `--debug-provision-delay 3s`).
+    pub node_flags: Vec<String>,
+}
+
+impl ClusterConfig {
+    pub fn new(etcd_endpoints: Vec<String>, replicas: usize, nodes: usize) -> Self {
+        Self {
+            replicas,
+            nodes,
+            etcd_endpoints,
+            replica_lease_ttl: "3s",
+            node_lease_ttl: "3s",
+            heartbeat_interval: "500ms",
+            idle_ttl: "1h",
+            bind_timeout: "30s",
+            isolation: "per-agent",
+            node_flags: Vec::new(),
+        }
+    }
+}
+
+/// A replica process with its id.
+pub struct Replica {
+    pub id: String,
+    pub server: BerthProcess,
+}
+
+/// A node agent process; its data directory outlives the process (restarts keep data).
+pub struct Node {
+    pub id: String,
+    pub server: BerthProcess,
+    pub data_dir: PathBuf,
+}
+
+pub struct Cluster {
+    pub config: ClusterConfig,
+    pub prefix: String,
+    pub replicas: Vec<Replica>,
+    pub nodes: Vec<Node>,
+    /// Holds every node's data directory.
+    data_root: TempDir,
+}
+
+impl Cluster {
+    /// Starts the replicas, then the nodes, and waits until every replica lists every node.
+    pub async fn start(config: ClusterConfig) -> anyhow::Result<Self> {
+        let prefix = format!("/berth-test-{:016x}", rand::random::<u64>());
+        let data_root = tempfile::Builder::new().prefix("berth-cluster-").tempdir()?;
+        let mut cluster = Self { config: config.clone(), prefix, replicas: Vec::new(), nodes: Vec::new(), data_root };
+        for index in 0..config.replicas {
+            let replica = cluster.spawn_replica(index).await?;
+            cluster.replicas.push(replica);
+        }
+        for index in 0..config.nodes {
+            let node = cluster.spawn_node(index).await?;
+            cluster.nodes.push(node);
+        }
+        cluster.wait_nodes_listed(config.nodes, Duration::from_secs(20)).await?;
+        Ok(cluster)
+    }
+
+    fn replica_args(&self, index: usize) -> Vec<String> {
+        let config = &self.config;
+        [
+            "control-plane",
+            "--etcd",
+            &config.etcd_endpoints.join(","),
+            "--replica-id",
+            &format!("replica-{index}"),
+            "--key-prefix",
+            &self.prefix,
+            "--replica-lease-ttl",
+            config.replica_lease_ttl,
+            "--node-lease-ttl",
+            config.node_lease_ttl,
+            "--heartbeat-interval",
+            config.heartbeat_interval,
+            "--idle-ttl",
+            config.idle_ttl,
+            "--bind-timeout",
+            config.bind_timeout,
+            "--isolation",
+            config.isolation,
+        ]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect()
+    }
+
+    async fn spawn_replica(&self, index: usize) -> anyhow::Result<Replica> {
+        let server = BerthProcess::start(&format!("replica-{index}"), self.replica_args(index))
+            .await
+            .with_context(|| format!("replica {index}"))?;
+        Ok(Replica { id: format!("replica-{index}"), server })
+    }
+
+    /// Starts (or restarts) node `index` with its persistent data directory.
+    async fn spawn_node(&self, index: usize) -> anyhow::Result<Node> {
+        let id = format!("node-{index}");
+        let data_dir = self.data_root.path().join(&id);
+        std::fs::create_dir_all(&data_dir)?;
+        let mut args: Vec<String> = vec![
+            "node-agent".into(),
+            "--control-plane".into(),
+            self.replica_endpoints().join(","),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--node-id".into(),
+            id.clone(),
+        ];
+        args.extend(self.config.node_flags.iter().cloned());
+        let server = BerthProcess::start(&id, args).await.with_context(|| format!("node {index}"))?;
+        Ok(Node { id, server, data_dir })
+    }
+
+    pub fn replica_endpoints(&self) -> Vec<String> {
+        self.replicas.iter().map(|replica| replica.server.endpoint.clone()).collect()
+    }
+
+    /// Restarts node `index` (after a kill), keeping its data directory.
+    pub async fn restart_node(&mut self, index: usize) -> anyhow::Result<()> {
+        self.nodes[index].server.kill();
+        let node = self.spawn_node(index).await?;
+        self.nodes[index] = node;
+        Ok(())
+    }
+
+    /// Restarts replica `index` (after a kill) on a new port. Nodes keep the old URL list,
+    /// so only use this where nodes need not reach the new port.
+    pub async fn restart_replica(&mut self, index: usize) -> anyhow::Result<()> {
+        self.replicas[index].server.kill();
+        let replica = self.spawn_replica(index).await?;
+        self.replicas[index] = replica;
+        Ok(())
+    }
+
+    /// Node ids each live replica lists, in replica order (killed replicas give `None`).
+    pub async fn listed_nodes(&self) -> Vec<Option<Vec<String>>> {
+        let mut all = Vec::new();
+        for replica in &self.replicas {
+            if !replica.server.is_running() {
+                all.push(None);
+                continue;
+            }
+            let listed = replica.server.admin_client().list_nodes(v1::ListNodesRequest {}).await;
+            all.push(
+                listed.ok().map(|response| response.into_inner().nodes.into_iter().map(|node| node.node_id).collect()),
+            );
+        }
+        all
+    }
+
+    /// Waits until every live replica lists exactly `count` nodes.
+    pub async fn wait_nodes_listed(&self, count: usize, timeout: Duration) -> anyhow::Result<()> {
+        let listed = wait_until(timeout, || async {
+            self.listed_nodes().await.iter().flatten().all(|nodes| nodes.len() == count)
+                && self.listed_nodes().await.iter().any(Option::is_some)
+        })
+        .await;
+        if !listed {
+            anyhow::bail!(
+                "replicas list {:?}, expected {count} nodes each\n{}",
+                self.listed_nodes().await,
+                self.logs(20)
+            );
+        }
+        Ok(())
+    }
+
+    /// Workspace directories on every node's disk (the ground truth of what was provisioned).
+    pub fn workspace_dirs(&self) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for node in &self.nodes {
+            found.extend(workspace_dirs_in(&node.data_dir).into_iter().map(|name| (node.id.clone(), name)));
+        }
+        found
+    }
+
+    /// The tails of every process log, for failure messages.
+    pub fn logs(&self, lines: usize) -> String {
+        let mut text = String::new();
+        for replica in &self.replicas {
+            text.push_str(&format!("--- {} log:\n{}\n", replica.id, replica.server.process.log_tail(lines)));
+        }
+        for node in &self.nodes {
+            text.push_str(&format!("--- {} log:\n{}\n", node.id, node.server.process.log_tail(lines)));
+        }
+        text
+    }
+}
+
+/// Names of the workspace directories under a node data dir.
+pub fn workspace_dirs_in(data_dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("workspaces")) else { return Vec::new() };
+    let mut names: Vec<String> =
+        entries.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
