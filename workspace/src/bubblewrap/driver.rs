@@ -198,10 +198,33 @@ impl BackendDriver for BubblewrapDriver {
         "bubblewrap"
     }
 
+    async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef> {
+        let backend: BackendRef = self.provision_bubblewrap(context).await?;
+        Ok(backend)
+    }
+
+    async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        self.forget_and_kill(workspace_id);
+        Ok(())
+    }
+
+    async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        self.forget_and_kill(workspace_id);
+        Ok(())
+    }
+}
+
+impl BubblewrapDriver {
+    /// [`BackendDriver::provision`] with the concrete type, for callers that want
+    /// [`BubblewrapBackend::running`] or [`BubblewrapBackend::kill_all`].
+    ///
     /// Prepares the root (the caller created it): checks that the sandbox user can reach
     /// it and makes that user own everything in it. Idempotent; a second call for the same
     /// root returns the same handle.
-    async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef> {
+    pub async fn provision_bubblewrap(
+        &self,
+        context: ProvisionContext<'_>,
+    ) -> Result<Arc<BubblewrapBackend>> {
         context.spec.validate()?;
         if let Some((root, backend)) = self.lock().get(context.workspace_id)
             && root == context.root
@@ -251,15 +274,5 @@ impl BackendDriver for BubblewrapDriver {
         self.lock()
             .insert(context.workspace_id.clone(), (root, backend.clone()));
         Ok(backend)
-    }
-
-    async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
-    }
-
-    async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
     }
 }
