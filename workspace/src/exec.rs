@@ -149,14 +149,17 @@ async fn pump(spawned: Spawned, spec: ExecSpec, events: mpsc::Sender<Result<Exec
 
 impl Pump {
     async fn run(&mut self, stdout: &mut OutputPipe, stderr: &mut OutputPipe) -> Result<(), Stop> {
+        // Output is still read for DRAIN_AFTER_EXIT after the exit, not counting time spent
+        // waiting for a slow consumer: that wait is not the orphan's fault, and cutting the
+        // drain short there would lose output the process wrote before it exited.
         let mut drain_deadline: Option<Instant> = None;
         loop {
             if self.exit.is_some() && stdout.is_done() && stderr.is_done() {
                 return Ok(());
             }
             let kill_deadline = self.deadline + KILL_GRACE;
+            // Not `biased`: a chatty stdout must not starve stderr (or the other way round).
             tokio::select! {
-                biased;
                 _ = self.events.closed() => return Err(Stop::ConsumerGone),
                 _ = sleep_until(self.deadline), if self.exit.is_none() && !self.timed_out => {
                     self.kill_for_timeout().await?;
@@ -178,16 +181,30 @@ impl Pump {
                 }
                 read = stdout.next_chunk(), if !stdout.is_done() => {
                     if let Some(chunk) = read.map_err(|error| pipe_error("stdout", error))? {
-                        self.deliver(Ok(ExecEvent::Stdout(chunk))).await?;
+                        self.deliver_output(ExecEvent::Stdout(chunk), &mut drain_deadline).await?;
                     }
                 }
                 read = stderr.next_chunk(), if !stderr.is_done() => {
                     if let Some(chunk) = read.map_err(|error| pipe_error("stderr", error))? {
-                        self.deliver(Ok(ExecEvent::Stderr(chunk))).await?;
+                        self.deliver_output(ExecEvent::Stderr(chunk), &mut drain_deadline).await?;
                     }
                 }
             }
         }
+    }
+
+    /// Delivers an output chunk; the time the consumer kept us waiting extends the drain.
+    async fn deliver_output(
+        &mut self,
+        event: ExecEvent,
+        drain_deadline: &mut Option<Instant>,
+    ) -> Result<(), Stop> {
+        let started = Instant::now();
+        self.deliver(Ok(event)).await?;
+        if let Some(deadline) = drain_deadline.as_mut() {
+            *deadline += started.elapsed();
+        }
+        Ok(())
     }
 
     /// Sends one event, waiting for room in the channel while still enforcing the timeout.
@@ -395,5 +412,52 @@ mod tests {
         assert!(killed.load(std::sync::atomic::Ordering::SeqCst));
         assert!(output.duration >= Duration::from_secs(2));
         assert!(output.duration < Duration::from_secs(2) + DRAIN_AFTER_EXIT * 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_consumer_does_not_lose_output_written_before_exit() {
+        let (stdin_writer, _stdin_reader) = duplex(1024);
+        let (mut out_writer, out_reader) = duplex(4 * 1024 * 1024);
+        let (_err_writer, err_reader) = duplex(1024);
+        let (exit_sender, exit_receiver) = tokio::sync::oneshot::channel();
+        // More than the event channel holds, all written before the exit; the writer stays
+        // open afterwards like an orphan holding the pipe.
+        let payload = vec![b'o'; 2 * 1024 * 1024];
+        out_writer.write_all(&payload).await.unwrap();
+        exit_sender
+            .send(ExitInfo {
+                code: Some(0),
+                signal: None,
+            })
+            .unwrap();
+        let spawned = Spawned {
+            stdin: Box::pin(stdin_writer),
+            stdout: Box::pin(out_reader),
+            stderr: Box::pin(err_reader),
+            control: Box::new(FakeControl {
+                exit: Some(exit_receiver),
+                killed: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                status: None,
+            }),
+        };
+        let mut spec = ExecSpec::new(vec!["fake".into()]);
+        spec.max_output_bytes = payload.len();
+        let mut events = stream_events(spawned, spec);
+        let mut received = 0;
+        let mut exits = 0;
+        while let Some(event) = events.next().await {
+            match event.unwrap() {
+                ExecEvent::Stdout(chunk) => received += chunk.len(),
+                ExecEvent::Stderr(_) => {}
+                ExecEvent::Exit(output) => {
+                    exits += 1;
+                    assert!(!output.stdout_truncated);
+                }
+            }
+            // A consumer far slower than the drain window.
+            tokio::time::sleep(DRAIN_AFTER_EXIT).await;
+        }
+        assert_eq!((received, exits), (payload.len(), 1));
+        drop(out_writer);
     }
 }

@@ -140,11 +140,10 @@ impl HostFs {
             return Err(WorkspaceError::IsADirectory { path: display });
         }
         let relative = path.clone();
-        let root = self.root.clone();
         let (prepared, mut pending) = self
-            .blocking(move |_root, owner| prepare_write(root, &relative, owner, options.mode))
+            .blocking(move |root, owner| prepare_write(root, &relative, owner, options.mode))
             .await?;
-        let written = async {
+        let outcome = async {
             let mut file = tokio::fs::File::from_std(prepared);
             let mut written: u64 = 0;
             while let Some(chunk) = data.next().await {
@@ -175,7 +174,7 @@ impl HostFs {
             Ok(written)
         }
         .await;
-        match written {
+        match outcome {
             Ok(written) => {
                 pending.disarm();
                 Ok(written)
@@ -333,7 +332,7 @@ impl HostFs {
     async fn blocking<T, F>(&self, work: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Dir, Option<(u32, u32)>) -> Result<T> + Send + 'static,
+        F: FnOnce(&Arc<Dir>, Option<(u32, u32)>) -> Result<T> + Send + 'static,
     {
         let root = self.root.clone();
         let owner = self.owner;
@@ -512,7 +511,7 @@ fn resolve_write_target(
 /// Resolves the target and creates the temp file beside it, ready for writing. On error
 /// everything it created is removed before it returns (it runs on the blocking pool).
 fn prepare_write(
-    root: Arc<Dir>,
+    root: &Arc<Dir>,
     path: &RelPath,
     owner: Option<(u32, u32)>,
     mode: u32,
@@ -524,7 +523,7 @@ fn prepare_write(
         final_name: OsString::new(),
         created: Vec::new(),
     };
-    match create_temp(&root, path, owner, mode, &mut pending) {
+    match create_temp(root, path, owner, mode, &mut pending) {
         Ok(file) => Ok((file, pending)),
         Err(error) => {
             if let Some(cleanup) = pending.take_cleanup() {
