@@ -44,22 +44,24 @@ impl BubblewrapDriver {
     /// to switch to the sandbox user.
     pub async fn new(config: BubblewrapConfig) -> Result<Self> {
         config.validate()?;
-        for (what, path, package) in [
-            ("bwrap", &config.bwrap_path, "bubblewrap"),
-            ("setsid", &config.setsid_path, "util-linux"),
-            ("prlimit", &config.prlimit_path, "util-linux"),
-        ] {
-            if !is_executable(path) {
-                return Err(unavailable(format!(
-                    "{what} not found or not executable at {} (install {package})",
-                    path.display()
-                )));
-            }
-        }
         let inspected = config.clone();
-        let table = tokio::task::spawn_blocking(move || MountTable::inspect(&inspected))
-            .await
-            .map_err(|error| unavailable(format!("host inspection task failed: {error}")))??;
+        let table = tokio::task::spawn_blocking(move || -> Result<MountTable> {
+            for (what, path, package) in [
+                ("bwrap", &inspected.bwrap_path, "bubblewrap"),
+                ("setsid", &inspected.setsid_path, "util-linux"),
+                ("prlimit", &inspected.prlimit_path, "util-linux"),
+            ] {
+                if !is_executable(path) {
+                    return Err(unavailable(format!(
+                        "{what} not found or not executable at {} (install {package})",
+                        path.display()
+                    )));
+                }
+            }
+            MountTable::inspect(&inspected)
+        })
+        .await
+        .map_err(|error| unavailable(format!("host inspection task failed: {error}")))??;
         // Root switches to the sandbox user; anyone else already is unprivileged and runs
         // sandboxes as itself (RLIMIT_NPROC then counts per sandbox just the same).
         let run_as = nix::unistd::geteuid()

@@ -4,9 +4,10 @@
 //! and process group, id = its pid), bwrap clones the sandbox's pid 1 (its init, same
 //! group), which forks the command. Killing the group kills bwrap and the init; when a pid
 //! namespace's init dies the kernel kills everything else in it, including processes that
-//! left the group with `setsid`. So one `killpg` takes down the whole tree, and once bwrap
-//! is reaped nothing of the sandbox is left (bwrap exits only after its init, and an init
-//! exits only after the rest of its namespace).
+//! left the group with `setsid`. So one `killpg` takes down the whole tree. Once bwrap is
+//! reaped there is nothing left to signal: when it exits on its own it has waited for its
+//! init, which waited for the rest of its namespace; when it was killed, so was the init,
+//! and the remaining processes are already dying with the namespace.
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
@@ -74,8 +75,8 @@ pub struct SandboxProcess {
     child: Child,
     /// bwrap's pid, which is also its process group id once `setsid` ran.
     group: Pid,
-    /// Set once `wait` returned: the tree is gone and the pid may be reused, so nothing is
-    /// signalled any more.
+    /// Set once `wait` returned: the tree is gone or dying and the pid may be reused, so
+    /// nothing is signalled any more.
     reaped: Option<ExitInfo>,
     live: Arc<LiveProcesses>,
     key: u64,
