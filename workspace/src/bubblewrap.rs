@@ -49,6 +49,15 @@
 //! namespace, including processes that called `setsid` themselves (see [`process`]). A
 //! consequence: background processes never outlive their exec.
 //!
+//! # What the node agent must do
+//!
+//! Create each workspace root before `provision` (the driver never creates it), in a
+//! directory the sandbox user can search (`chmod o+x` on the parents; `provision` fails with
+//! `BackendUnavailable` naming the directory otherwise), and write into roots only through
+//! the backend: a file written there as root by other means is read-only to the sandbox
+//! until the next `provision` hands it over. Call `spawn`/`exec` from runtime tasks, not
+//! from `spawn_blocking` (see [`BubblewrapBackend`]'s `spawn`).
+//!
 //! # Failure reporting
 //!
 //! A program that cannot exist inside is refused before spawning with `SpawnFailed`
