@@ -6,6 +6,7 @@
 //! on a node. This crate knows nothing of gRPC or the registry.
 
 pub mod backend;
+pub mod bubblewrap;
 pub mod driver;
 pub mod error;
 pub mod exec;
@@ -23,6 +24,7 @@ pub use backend::{
     Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind, ProcessControl,
     SpawnSpec, Spawned, WriteOptions,
 };
+pub use bubblewrap::{BubblewrapBackend, BubblewrapConfig, BubblewrapDriver};
 pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
 pub use error::{Result, WorkspaceError};
 pub use hostfs::HostFs;

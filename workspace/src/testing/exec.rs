@@ -245,18 +245,35 @@ pub async fn stream_caps(fixture: &dyn BackendFixture) {
 
 pub async fn stream_drop_kills(fixture: &dyn BackendFixture) {
     let backend = fixture.backend();
-    let spec = shell("sleep 30 & echo $! > stream.pid; echo started; wait");
+    // Liveness by heartbeat, not by pid: backends that give every exec its own pid
+    // namespace (bubblewrap) cannot see one exec's pids from the next exec.
+    let spec = shell(&format!("({HEARTBEAT}) & echo started; wait"));
     let mut stream = backend.exec_stream(&spec).await.unwrap();
     match stream.next().await {
         Some(Ok(ExecEvent::Stdout(chunk))) => assert_eq!(&chunk[..], b"started\n"),
         other => panic!("expected the first output, got {other:?}"),
     }
-    let pid = String::from_utf8(read(&*backend, "stream.pid").await.unwrap()).unwrap();
-    let pid = pid.trim().to_owned();
-    assert!(process_alive(&*backend, &pid).await, "the child died before the drop");
+    wait_until("the child of a streamed exec to beat", DEATH_DEADLINE, || async { heart_beats(&*backend).await }).await;
     drop(stream);
-    wait_until(&format!("child {pid} of a dropped exec stream to die"), DEATH_DEADLINE, || async {
-        !process_alive(&*backend, &pid).await
-    })
-    .await;
+    wait_until("the child of a dropped exec stream to die", DEATH_DEADLINE, || async { !heart_beats(&*backend).await })
+        .await;
+}
+
+/// A loop that rewrites [`HEARTBEAT_FILE`] with a new count every 100 ms.
+const HEARTBEAT: &str = "i=0; while :; do i=$((i+1)); echo $i > heartbeat; sleep 0.1; done";
+const HEARTBEAT_FILE: &str = "heartbeat";
+/// How long a heartbeat may stay unchanged before its writer counts as dead (20 beats).
+const HEARTBEAT_QUIET: Duration = Duration::from_secs(2);
+
+/// Whether the heartbeat file changes within [`HEARTBEAT_QUIET`].
+async fn heart_beats(backend: &dyn crate::backend::Backend) -> bool {
+    let first = read(backend, HEARTBEAT_FILE).await.ok();
+    let give_up = tokio::time::Instant::now() + HEARTBEAT_QUIET;
+    while tokio::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if read(backend, HEARTBEAT_FILE).await.ok() != first {
+            return true;
+        }
+    }
+    false
 }
