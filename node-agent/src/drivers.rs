@@ -1,20 +1,28 @@
-//! The backend drivers a node offers, by name.
+//! The backend drivers a node offers, by name. Each is checked at start (a missing `bwrap`
+//! or Docker engine is a clear startup error, not a failure on the first workspace).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use berth_workspace::{BackendDriverRef, WorkspaceError};
+use berth_workspace::{BackendDriverRef, BubblewrapConfig, BubblewrapDriver, LocalDriver, WorkspaceError};
 
 use crate::config::NodeAgentConfig;
 
+/// Backend names this build knows.
+pub const KNOWN_BACKENDS: &[&str] = &["local", "bubblewrap"];
+
 /// Builds the drivers named in the config; an unknown name is a configuration error.
-pub fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDriverRef>, WorkspaceError> {
+pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDriverRef>, WorkspaceError> {
     let mut drivers: HashMap<String, BackendDriverRef> = HashMap::new();
     for name in &config.backends {
         let driver: BackendDriverRef = match name.as_str() {
-            "local" => Arc::new(berth_workspace::local::LocalDriver::new()),
+            "local" => Arc::new(LocalDriver::new()),
+            "bubblewrap" => Arc::new(BubblewrapDriver::new(BubblewrapConfig::default()).await?),
             other => {
-                return Err(WorkspaceError::UnknownBackend { name: other.to_owned(), offered: "local".into() });
+                return Err(WorkspaceError::UnknownBackend {
+                    name: other.to_owned(),
+                    offered: KNOWN_BACKENDS.join(", "),
+                });
             }
         };
         drivers.insert(name.clone(), driver);

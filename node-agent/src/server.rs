@@ -41,7 +41,7 @@ pub async fn serve(
     if config.advertise_address.is_empty() {
         config.advertise_address = format!("http://{}", listener.local_addr()?);
     }
-    let drivers = crate::drivers::build(&config)?;
+    let drivers = crate::drivers::build(&config).await?;
     let workspaces = Arc::new(Workspaces::new(
         config.data_dir.clone(),
         drivers,

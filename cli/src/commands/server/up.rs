@@ -21,7 +21,8 @@ pub struct UpArgs {
     /// Address to serve the public gRPC API on.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Where workspaces live (default: $HOME/.local/share/berth).
+    /// Where workspaces live (default: /var/lib/berth as root, else
+    /// $HOME/.local/share/berth).
     #[arg(long, env = "BERTH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     #[command(flatten)]
@@ -59,7 +60,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// A root daemon keeps its data under /var/lib (sandboxed backends run as an unprivileged
+/// uid that must be able to traverse the parents of the data dir, which rules out /root).
 fn default_data_dir() -> PathBuf {
+    if nix::unistd::Uid::effective().is_root() {
+        return PathBuf::from("/var/lib/berth");
+    }
     match std::env::var_os("HOME") {
         Some(home) => PathBuf::from(home).join(".local/share/berth"),
         None => PathBuf::from("berth-data"),
