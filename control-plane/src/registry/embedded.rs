@@ -5,9 +5,11 @@
 //! Lease expiry happens lazily at the start of every call and eagerly in a background reaper
 //! task, so watchers see expiry `Delete` events even when nobody else calls the registry.
 //!
-//! Durability: none. Everything is lost when the registry is dropped; this is the store for a
-//! single-process deployment, where nothing outlives the process anyway.
+//! Durability: none by default. [`EmbeddedRegistry::open`] adds a journal of the keys without
+//! a lease (workspace and session records), so `berth up` keeps its workspaces across
+//! restarts; leased keys are re-created by their owners.
 
+mod journal;
 mod store;
 mod watch;
 
@@ -63,6 +65,7 @@ pub struct EmbeddedRegistry {
     /// Cancelled on drop so the reaper stops with the registry.
     shutdown: CancellationToken,
     this: Weak<EmbeddedRegistry>,
+    journal: Option<journal::Journal>,
 }
 
 impl EmbeddedRegistry {
@@ -72,6 +75,23 @@ impl EmbeddedRegistry {
     }
 
     pub fn with_config(config: EmbeddedConfig) -> Arc<Self> {
+        Self::build(config, None)
+    }
+
+    /// A registry whose durable keys (those without a lease) are journaled at `path` and
+    /// restored from it.
+    pub fn open(path: &std::path::Path, config: EmbeddedConfig) -> std::io::Result<Arc<Self>> {
+        let (journal, durable) = journal::Journal::open(path)?;
+        let registry = Self::build(config, Some(journal));
+        if !durable.is_empty() {
+            let restore =
+                Txn::new().and_then(durable.into_iter().map(|(key, value)| crate::registry::TxnOp::put(key, value)));
+            registry.lock().store.txn(&restore).map_err(std::io::Error::other)?;
+        }
+        Ok(registry)
+    }
+
+    fn build(config: EmbeddedConfig, journal: Option<journal::Journal>) -> Arc<Self> {
         Arc::new_cyclic(|this| Self {
             state: Mutex::new(State {
                 store: Store::new(config.history_limit, config.min_lease_ttl),
@@ -81,6 +101,7 @@ impl EmbeddedRegistry {
             reaper: Mutex::new(None),
             shutdown: CancellationToken::new(),
             this: this.clone(),
+            journal,
         })
     }
 
@@ -162,6 +183,10 @@ impl Registry for EmbeddedRegistry {
         let mut state = self.lock();
         let (response, batch) = state.store.txn(&txn)?;
         if let Some(batch) = batch {
+            // Queued under the lock, so the journal sees batches in revision order.
+            if let Some(journal) = &self.journal {
+                journal.record(&batch.events);
+            }
             state.watchers.dispatch(&batch);
         }
         Ok(response)
@@ -246,6 +271,33 @@ mod tests {
             .await
             .expect("reaper stops")
             .expect("reaper does not panic");
+    }
+
+    #[tokio::test]
+    async fn journal_restores_durable_keys_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("registry.journal");
+        {
+            let registry = EmbeddedRegistry::open(&path, EmbeddedConfig::default()).expect("open");
+            registry.put("/w/a", "1".into()).await.expect("put");
+            registry.put("/w/b", "2".into()).await.expect("put");
+            registry.put("/w/a", "3".into()).await.expect("overwrite");
+            registry.delete("/w/b").await.expect("delete");
+            let lease = registry.grant_lease(Duration::from_secs(60)).await.expect("lease");
+            registry.txn(Txn::new().and_then([TxnOp::put_with_lease("/n/x", "leased", lease)])).await.expect("put");
+            registry.put("/w/bin", bytes::Bytes::from_static(&[0xff, 0x00])).await.expect("binary");
+            registry.journal.as_ref().expect("journal").close();
+        }
+        let reopened = EmbeddedRegistry::open(&path, EmbeddedConfig::default()).expect("reopen");
+        let keys: Vec<(String, bytes::Bytes)> =
+            reopened.range("/").await.expect("range").kvs.into_iter().map(|kv| (kv.key, kv.value)).collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("/w/a".to_owned(), bytes::Bytes::from("3")),
+                ("/w/bin".to_owned(), bytes::Bytes::from_static(&[0xff, 0x00]))
+            ]
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use berth_control_plane::ControlPlaneConfig;
-use berth_control_plane::registry::embedded::EmbeddedRegistry;
+use berth_control_plane::registry::embedded::{EmbeddedConfig, EmbeddedRegistry};
 use berth_node_agent::NodeAgentConfig;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +46,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     args.node.apply(&mut node);
     node.control_planes = vec![format!("http://{public}")];
 
-    let registry = EmbeddedRegistry::new();
+    // Workspace and session records survive a restart; nodes and locks are re-created.
+    let registry = EmbeddedRegistry::open(&data_dir.join("registry.journal"), EmbeddedConfig::default())
+        .with_context(|| format!("opening the registry journal in {}", data_dir.display()))?;
     let shutdown = shutdown_on_signal();
     // The node agent stops after the control plane so in-flight forwarded calls finish.
     let node_shutdown = CancellationToken::new();
