@@ -6,6 +6,7 @@
 //! on a node. This crate knows nothing of gRPC or the registry.
 
 pub mod backend;
+pub mod docker;
 pub mod driver;
 pub mod error;
 pub mod exec;
@@ -19,6 +20,7 @@ pub use backend::{
     Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind,
     ProcessControl, SpawnSpec, Spawned, WriteOptions,
 };
+pub use docker::{DockerBackend, DockerConfig, DockerDriver};
 pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
 pub use error::{Result, WorkspaceError};
 pub use id::{WorkspaceId, validate_id};
