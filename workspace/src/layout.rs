@@ -1,7 +1,46 @@
 //! The fixed layout of every workspace root (DESIGN.md §3).
-use crate::backend::Backend;
-use crate::error::Result;
+//!
+//! ```text
+//! .mcp        JSON array of MCP server declarations ("[]" when seeded)
+//! skills/     per-workspace skill copies
+//! data/       offloaded binary payloads
+//! sessions/   offloaded conversations and tool results
+//! ```
 
-pub async fn ensure<B: Backend + ?Sized>(_backend: &B) -> Result<()> {
-    unimplemented!()
+use bytes::Bytes;
+
+use crate::backend::Backend;
+use crate::error::{Result, WorkspaceError};
+use crate::path::RelPath;
+
+/// The MCP declarations file.
+pub const MCP_FILE: &str = ".mcp";
+/// Content of a freshly seeded `.mcp`: no servers.
+pub const EMPTY_MCP: &[u8] = b"[]";
+pub const SKILLS_DIR: &str = "skills";
+pub const DATA_DIR: &str = "data";
+pub const SESSIONS_DIR: &str = "sessions";
+
+/// Creates whatever is missing of the layout; idempotent, and never overwrites an
+/// existing `.mcp` (whatever it holds — validating it is the MCP loader's job). Uses only
+/// [`Backend`] methods, so it works on every backend.
+///
+/// Not atomic against a concurrent writer of `.mcp`: the primitives have no
+/// create-if-absent, so a writer landing between the check and the seed could be replaced
+/// by `[]`. Callers run this at provision time, before the workspace serves requests.
+pub async fn ensure<B: Backend + ?Sized>(backend: &B) -> Result<()> {
+    for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
+        backend.mkdir(&RelPath::parse(dir)?, true).await?;
+    }
+    let mcp = RelPath::parse(MCP_FILE)?;
+    match backend.stat(&mcp).await {
+        Ok(_) => Ok(()),
+        Err(WorkspaceError::NotFound { .. }) => {
+            backend
+                .write_bytes(&mcp, Bytes::from_static(EMPTY_MCP), 0o644)
+                .await?;
+            Ok(())
+        }
+        Err(error) => Err(error),
+    }
 }

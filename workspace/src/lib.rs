@@ -10,11 +10,15 @@ pub mod docker;
 pub mod driver;
 pub mod error;
 pub mod exec;
+pub mod hostfs;
 pub mod id;
 pub mod layout;
+pub mod local;
 pub mod path;
 pub mod posix;
 pub mod spec;
+#[doc(hidden)]
+pub mod testing;
 
 pub use backend::{
     Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind,
@@ -23,6 +27,8 @@ pub use backend::{
 pub use docker::{DockerBackend, DockerConfig, DockerDriver};
 pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
 pub use error::{Result, WorkspaceError};
+pub use hostfs::HostFs;
 pub use id::{WorkspaceId, validate_id};
+pub use local::{LocalBackend, LocalDriver};
 pub use path::{RelPath, join_path};
 pub use spec::WorkspaceSpec;
