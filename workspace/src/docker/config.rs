@@ -18,6 +18,8 @@ pub const WORKSPACE_LABEL: &str = "berth.workspace.id";
 pub const ROOT_LABEL: &str = "berth.workspace.root";
 /// Prefix of the spec's own labels on the container.
 pub const SPEC_LABEL_PREFIX: &str = "berth.label.";
+/// Where the workspace directory is mounted inside containers by default.
+pub const DEFAULT_MOUNT_POINT: &str = "/workspace";
 /// The unprivileged user of the base image, used when the agent itself runs as root.
 pub const BASE_IMAGE_USER: (u32, u32) = (1000, 1000);
 
@@ -33,6 +35,9 @@ pub struct DockerConfig {
     /// uid:gid that workspace processes run as. `None`: the agent's own euid:egid, or
     /// [`BASE_IMAGE_USER`] when the agent is root (workspace code never runs as root).
     pub user: Option<(u32, u32)>,
+    /// Where the workspace directory is mounted (and processes start): an absolute path of
+    /// `[A-Za-z0-9._-]` components. Must not be `/` or a system directory of the image.
+    pub mount_point: String,
     pub default_memory_bytes: u64,
     pub default_cpu_millis: u32,
     pub default_pids: u32,
@@ -43,13 +48,14 @@ pub struct DockerConfig {
 }
 
 impl DockerConfig {
-    /// Defaults: [`DEFAULT_IMAGE`], automatic user, 2 GiB memory (no swap), no CPU cap,
+    /// Defaults: [`DEFAULT_IMAGE`], automatic user, mounted at `/workspace`, 2 GiB memory (no swap), no CPU cap,
     /// 512 pids, 64 MiB `/tmp` on read-only roots, 5 s stop timeout.
     pub fn new(node_id: impl Into<String>) -> Self {
         Self {
             node_id: node_id.into(),
             default_image: DEFAULT_IMAGE.to_owned(),
             user: None,
+            mount_point: DEFAULT_MOUNT_POINT.to_owned(),
             default_memory_bytes: 2 * 1024 * 1024 * 1024,
             default_cpu_millis: 0,
             default_pids: 512,
@@ -64,6 +70,12 @@ impl DockerConfig {
             return Err(WorkspaceError::InvalidArgument(
                 "docker default image must not be empty".into(),
             ));
+        }
+        if !super::scripts::valid_mount_point(&self.mount_point) {
+            return Err(WorkspaceError::InvalidArgument(format!(
+                "docker mount point {:?} must be an absolute path of [A-Za-z0-9._-] components other than /",
+                self.mount_point
+            )));
         }
         Ok(())
     }

@@ -19,6 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::Docker;
@@ -42,8 +43,11 @@ use super::config::{
 };
 use super::errors::{docker_error, is_not_found, status_code};
 use super::process::ContainerHandle;
-use super::scripts::MOUNT_POINT;
+use super::scripts::Scripts;
 use super::{BACKEND_NAME, DockerBackend};
+
+/// How often a provision that lost the create race looks for the winner's container.
+const CONFLICT_LOOKUPS: usize = 20;
 
 /// Creates and tears down workspace containers on one Docker engine.
 pub struct DockerDriver {
@@ -147,12 +151,20 @@ impl DockerDriver {
                 tracing::info!(ws_id = %context.workspace_id, container = %name, %image, "created workspace container");
                 Ok(created.id)
             }
-            // Another provision of the same workspace won the race: use its container.
+            // Another provision of the same workspace won the race: use its container. The
+            // daemon reserves the name before the container is listed, so look a few times.
             Err(error) if status_code(&error) == Some(409) => {
-                match self.find(context.workspace_id).await? {
-                    Some(ContainerSummary { id: Some(id), .. }) => Ok(id),
-                    _ => Err(docker_error("creating a container", error)),
+                let mut delay = Duration::from_millis(20);
+                for _ in 0..CONFLICT_LOOKUPS {
+                    if let Some(ContainerSummary { id: Some(id), .. }) =
+                        self.find(context.workspace_id).await?
+                    {
+                        return Ok(id);
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
                 }
+                Err(docker_error("creating a container", error))
             }
             Err(error) if is_not_found(&error) => Err(missing_image(&image, &self.config)),
             Err(error) => Err(docker_error("creating a container", error)),
@@ -239,6 +251,7 @@ impl BackendDriver for DockerDriver {
             container_name: container_name(&self.config.node_id, context.workspace_id),
             container_id: id,
             user: format!("{uid}:{gid}"),
+            scripts: Scripts::new(&self.config.mount_point),
         };
         Ok(Arc::new(DockerBackend::new(
             Arc::new(handle),
@@ -398,7 +411,7 @@ fn container_body(
 
     let host_config = HostConfig {
         mounts: Some(vec![Mount {
-            target: Some(MOUNT_POINT.to_owned()),
+            target: Some(config.mount_point.clone()),
             source: Some(context.root.to_string_lossy().into_owned()),
             typ: Some(MountType::BIND),
             read_only: Some(false),
@@ -425,7 +438,7 @@ fn container_body(
         entrypoint: Some(vec!["sleep".to_owned()]),
         cmd: Some(vec!["infinity".to_owned()]),
         user: Some(format!("{uid}:{gid}")),
-        working_dir: Some(MOUNT_POINT.to_owned()),
+        working_dir: Some(config.mount_point.clone()),
         labels: Some(labels),
         host_config: Some(host_config),
         ..Default::default()

@@ -61,7 +61,7 @@ pub(crate) async fn read_file(
     path: &RelPath,
 ) -> Result<ByteStream> {
     let display = path.as_fs_str().to_owned();
-    let argv = script_argv(scripts::READ, "berth-read", &[path.as_str()]);
+    let argv = script_argv(&container.scripts.read, "berth-read", &[path.as_str()]);
     let Spawned {
         stdin,
         mut stdout,
@@ -188,7 +188,7 @@ pub(crate) async fn write_file(
     let nonce = scripts::nonce();
     let mode = format!("{:o}", options.mode & 0o7777);
     let argv = script_argv(
-        scripts::WRITE,
+        &container.scripts.write,
         "berth-write",
         &[path.as_str(), &mode, &nonce],
     );
@@ -329,7 +329,7 @@ impl Drop for WriteGuard {
 async fn remove_temp_files(container: &ContainerHandle, nonce: &str) {
     let cmd = vec![
         "find".to_owned(),
-        scripts::MOUNT_POINT.to_owned(),
+        container.scripts.mount_point.clone(),
         "-xdev".to_owned(),
         "-name".to_owned(),
         format!(".berth-tmp-{nonce}"),

@@ -21,8 +21,8 @@ mod scripts;
 
 pub use backend::DockerBackend;
 pub use config::{
-    BASE_IMAGE_USER, DEFAULT_IMAGE, DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX,
-    WORKSPACE_LABEL, container_name,
+    BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DockerConfig, NODE_LABEL, ROOT_LABEL,
+    SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name,
 };
 pub use driver::DockerDriver;
 

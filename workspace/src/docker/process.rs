@@ -49,6 +49,8 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(30);
 const CHANNEL_CHUNKS: usize = 16;
 /// Largest handshake line / diagnostic output kept from a failed start.
 const HANDSHAKE_MAX_BYTES: usize = 64 * 1024;
+/// Most program stdout held back while the handshake line is still on its way.
+const EARLY_STDOUT_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// Most stdout/stderr kept by [`run_plain`].
 const PLAIN_OUTPUT_MAX_BYTES: usize = 1024 * 1024;
 
@@ -60,6 +62,8 @@ pub(crate) struct ContainerHandle {
     pub container_name: String,
     /// `uid:gid` of workspace processes.
     pub user: String,
+    /// The scripts, built for this container's mount point.
+    pub scripts: scripts::Scripts,
 }
 
 /// Starts `argv` in `cwd` (relative to the workspace) with `env` (`NAME=value` entries).
@@ -79,7 +83,7 @@ pub(crate) async fn spawn(
     let mut cmd = vec![
         scripts::SHELL.to_owned(),
         "-c".to_owned(),
-        scripts::SPAWN.to_owned(),
+        container.scripts.spawn.clone(),
         "berth-spawn".to_owned(),
         nonce.clone(),
         cwd.as_str().to_owned(),
@@ -207,7 +211,7 @@ async fn start_exec(
         user: Some(container.user.clone()),
         // The mount point itself: it always exists, so the daemon never creates a
         // root-owned working directory in the bind mount; spawn.sh does the real cd.
-        working_dir: Some(scripts::MOUNT_POINT.to_owned()),
+        working_dir: Some(container.scripts.mount_point.clone()),
         ..Default::default()
     };
     let created = container
@@ -285,7 +289,9 @@ enum Handshake {
 }
 
 /// Splits the exec's multiplexed output into the two channels. Before that it consumes the
-/// handshake line, the first thing `spawn.sh` writes to stderr.
+/// handshake line, the first thing `spawn.sh` writes to stderr. Docker copies stdout and
+/// stderr with separate goroutines, so the program's first stdout bytes can arrive before
+/// the handshake; they are held back until it has been read.
 async fn demultiplex(
     mut output: OutputStream,
     nonce: String,
@@ -297,7 +303,9 @@ async fn demultiplex(
     let mut stdout = Some(stdout);
     let mut stderr = Some(stderr);
     let mut handshake = Some(handshake);
-    let mut early = BytesMut::new();
+    let mut early_stderr = BytesMut::new();
+    let mut early_stdout: Vec<Bytes> = Vec::new();
+    let mut early_stdout_bytes = 0usize;
     while let Some(frame) = output.next().await {
         let frame = match frame {
             Ok(frame) => frame,
@@ -309,51 +317,65 @@ async fn demultiplex(
             }
         };
         match frame {
-            LogOutput::StdErr { message } => {
-                if handshake.is_none() {
-                    forward(&mut stderr, Ok(message)).await;
-                    continue;
-                }
-                early.extend_from_slice(&message);
-                let Some(newline) = early.iter().position(|byte| *byte == b'\n') else {
-                    if early.len() > HANDSHAKE_MAX_BYTES {
-                        early.truncate(HANDSHAKE_MAX_BYTES);
+            LogOutput::StdErr { message } if handshake.is_some() => {
+                early_stderr.extend_from_slice(&message);
+                let Some(newline) = early_stderr.iter().position(|byte| *byte == b'\n') else {
+                    if early_stderr.len() > HANDSHAKE_MAX_BYTES {
+                        break;
                     }
                     continue;
                 };
-                let line = early.split_to(newline + 1);
+                let line = early_stderr.split_to(newline + 1);
                 let verdict = parse_handshake(&line, &nonce);
-                let started = matches!(verdict, Handshake::Started { .. });
+                if !matches!(verdict, Handshake::Started { .. }) {
+                    early_stderr = line;
+                    break;
+                }
                 if let Some(sender) = handshake.take() {
                     let _ = sender.send(verdict);
                 }
-                if !started {
-                    break;
+                for chunk in std::mem::take(&mut early_stdout) {
+                    forward(&mut stdout, Ok(chunk)).await;
                 }
-                if !early.is_empty() {
-                    forward(&mut stderr, Ok(early.split().freeze())).await;
+                if !early_stderr.is_empty() {
+                    forward(&mut stderr, Ok(early_stderr.split().freeze())).await;
                 }
             }
-            LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                if handshake.is_some() {
-                    // Only the runtime writes here before argv runs (its error message).
-                    early.extend_from_slice(&message[..message.len().min(HANDSHAKE_MAX_BYTES)]);
-                } else {
-                    forward(&mut stdout, Ok(message)).await;
+            LogOutput::StdOut { message } | LogOutput::Console { message }
+                if handshake.is_some() =>
+            {
+                // Held, not dropped: reading on is the only way to reach the handshake.
+                early_stdout_bytes += message.len();
+                if early_stdout_bytes > EARLY_STDOUT_MAX_BYTES {
+                    break;
                 }
+                early_stdout.push(message);
+            }
+            LogOutput::StdErr { message } => forward(&mut stderr, Ok(message)).await,
+            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                forward(&mut stdout, Ok(message)).await
             }
             LogOutput::StdIn { .. } => {}
         }
     }
     if let Some(sender) = handshake.take() {
-        let _ = sender.send(Handshake::Ended {
-            output: String::from_utf8_lossy(&early).into_owned(),
-        });
+        // No (valid) handshake: what the runtime or the wrapper said is the diagnostic.
+        let mut said = early_stderr;
+        for chunk in early_stdout {
+            said.extend_from_slice(&chunk[..chunk.len().min(HANDSHAKE_MAX_BYTES)]);
+        }
+        let verdict = match parse_handshake(&said, &nonce) {
+            Handshake::Ended { .. } => Handshake::Ended {
+                output: String::from_utf8_lossy(&said).into_owned(),
+            },
+            verdict => verdict,
+        };
+        let _ = sender.send(verdict);
     }
     // Dropping the senders gives the readers EOF; `finished` wakes `wait`.
     drop(stdout);
     drop(stderr);
-    let _ = finished.send(true);
+    finished.send_replace(true);
 }
 
 fn parse_handshake(line: &[u8], nonce: &str) -> Handshake {

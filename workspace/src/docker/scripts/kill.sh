@@ -2,7 +2,6 @@
 # process whose environment carries BERTH_EXEC_ID=MARKER (a child that left the session
 # with setsid keeps it), until a sweep finds none. Builtins only: it must work when the
 # container's pids limit is exhausted (a fork bomb), where it could not fork.
-set -f
 sid=$1
 marker="BERTH_EXEC_ID=$2"
 self=$$
@@ -15,7 +14,9 @@ while [ "$round" -lt 200 ]; do
 		[ "$pid" != "$self" ] || continue
 		{ read -r stat <"$entry/stat"; } 2>/dev/null || continue
 		# Fields after the command name (which may hold spaces): state ppid pgrp session.
+		set -f
 		set -- ${stat##*) }
+		set +f
 		[ "$1" != Z ] || continue
 		hit=
 		if [ "$4" = "$sid" ]; then

@@ -3,7 +3,7 @@
 # an absolute link target, a `..` above the root or more than 40 hops is an escape. Sets R
 # to the resolved relative path ("" for the root). With CREATE=1, missing intermediate
 # directories are created and remembered for berth_rollback. Calls berth_fail KIND on error.
-W=/workspace
+# W (the mount point) is set by the line Rust puts before this file.
 ncreated=0
 berth_resolve() {
 	todo=$1
