@@ -185,6 +185,19 @@ impl DockerDriver {
         }
     }
 
+    /// The pids limit the container runs with (it may predate this agent's config).
+    async fn pids_limit(&self, id: &str) -> Result<Option<i64>> {
+        let inspected = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|error| docker_error("inspecting a container", error))?;
+        Ok(inspected
+            .host_config
+            .and_then(|host| host.pids_limit)
+            .filter(|limit| *limit > 0))
+    }
+
     async fn start(&self, id: &str, state: Option<ContainerSummaryStateEnum>) -> Result<()> {
         if state == Some(ContainerSummaryStateEnum::PAUSED) {
             self.docker
@@ -245,6 +258,7 @@ impl BackendDriver for DockerDriver {
             None => (self.create(&context).await?, None),
         };
         self.start(&id, state).await?;
+        let pids_limit = self.pids_limit(&id).await?;
 
         let handle = ContainerHandle {
             docker: self.docker.clone(),
@@ -252,6 +266,7 @@ impl BackendDriver for DockerDriver {
             container_id: id,
             user: format!("{uid}:{gid}"),
             scripts: Scripts::new(&self.config.mount_point),
+            pids_limit,
         };
         Ok(Arc::new(DockerBackend::new(
             Arc::new(handle),

@@ -16,6 +16,7 @@ mod config;
 mod driver;
 mod errors;
 mod files;
+mod kill;
 mod process;
 mod scripts;
 

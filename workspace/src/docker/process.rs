@@ -7,10 +7,10 @@
 //! before it execs argv; it also carries a random `BERTH_EXEC_ID` in its environment.
 //! `kill()` runs a second exec, `kill.sh`, which SIGKILLs every process of that session and
 //! every process carrying the marker (so a child that called `setsid` still dies), sweeping
-//! until none is left. It uses shell builtins only: runc joins the exec to the container's
-//! cgroup after forking it, so the killer starts even when a fork bomb has exhausted the
-//! pids limit, but it could not fork there. A process that both leaves the session and
-//! clears its environment escapes the sweep; it still dies with the container (`release`).
+//! until none is left. It uses shell builtins only, so it works while a fork bomb holds
+//! every pid of the limit; starting it may need the limit lifted briefly (`kill.rs`). A
+//! process that both leaves the session and clears its environment escapes the sweep; it
+//! still dies with the container (`release`).
 //! All of this happens inside the container as the workspace user, so it works the same
 //! when the daemon is remote.
 //!
@@ -38,12 +38,11 @@ use crate::error::{Result, WorkspaceError};
 use crate::path::RelPath;
 
 use super::errors::docker_error;
+use super::kill::kill_session;
 use super::scripts;
 
 /// How long a spawn may take to report that argv started (container frozen, daemon stuck).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Deadline of one kill sweep.
-const KILL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Output chunks buffered per stream between the demultiplexer and a slow reader; past it
 /// the demultiplexer stops reading (back-pressure like a full pipe).
 const CHANNEL_CHUNKS: usize = 16;
@@ -64,6 +63,8 @@ pub(crate) struct ContainerHandle {
     pub user: String,
     /// The scripts, built for this container's mount point.
     pub scripts: scripts::Scripts,
+    /// The container's pids limit (`None`: unlimited), restored after a kill lifted it.
+    pub pids_limit: Option<i64>,
 }
 
 /// Starts `argv` in `cwd` (relative to the workspace) with `env` (`NAME=value` entries).
@@ -477,37 +478,6 @@ impl Drop for DockerControl {
             }
         }
     }
-}
-
-async fn kill_session(container: &ContainerHandle, pid: u32, nonce: &str) -> Result<()> {
-    let cmd = vec![
-        scripts::SHELL.to_owned(),
-        "-c".to_owned(),
-        scripts::KILL.to_owned(),
-        "berth-kill".to_owned(),
-        pid.to_string(),
-        nonce.to_owned(),
-    ];
-    let output = tokio::time::timeout(KILL_TIMEOUT, run_plain(container, cmd))
-        .await
-        .map_err(|_| WorkspaceError::Timeout {
-            operation: "killing a docker exec",
-            millis: KILL_TIMEOUT.as_millis() as u64,
-        })??;
-    let said = String::from_utf8_lossy(&output.stdout);
-    if output.exit_code == 0 && said.lines().any(|line| line == scripts::KILLED_MARKER) {
-        return Ok(());
-    }
-    Err(WorkspaceError::Backend {
-        backend: super::BACKEND_NAME,
-        message: format!(
-            "killing exec session {pid} in {} failed (exit status {}): {}{}",
-            container.container_name,
-            output.exit_code,
-            said.trim(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ),
-    })
 }
 
 /// The exec's stdin. Dropping it half-closes the connection like closing a pipe, so a
