@@ -282,6 +282,10 @@ async fn fork_bomb_hits_the_pids_limit_and_is_killed() {
         "bomb processes left: {processes}"
     );
     assert!(node.driver.is_running(&id("ws-forkbomb")).await);
+    // A kill that had to lift the limit to start its sweep has set it back.
+    let container = node.containers(Some("ws-forkbomb")).remove(0);
+    let limit = docker_cli(&["inspect", "-f", "{{.HostConfig.PidsLimit}}", &container]);
+    assert_eq!(String::from_utf8_lossy(&limit.stdout).trim(), "64");
 }
 
 #[tokio::test]
