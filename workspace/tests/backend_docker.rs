@@ -606,3 +606,43 @@ async fn measure_latencies() {
         median(via_cli)
     );
 }
+
+// ---- files -------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn dropped_write_leaves_no_temp_file_or_parent() {
+    use futures::StreamExt;
+    let node = Node::new().await;
+    let backend = node
+        .provision("ws-dropwrite", &WorkspaceSpec::default())
+        .await;
+    let (consumed_sender, consumed) = tokio::sync::oneshot::channel::<()>();
+    // One chunk, then a signal that it was taken, then a stream that never ends.
+    let first = futures::stream::once(async { Ok(Bytes::from_static(b"partial")) });
+    let signal = futures::stream::once(async move {
+        let _ = consumed_sender.send(());
+        std::future::pending::<berth_workspace::Result<Bytes>>().await
+    });
+    let stream = first.chain(signal).boxed();
+    let target = rel("new-dir/f");
+    let write = backend.write_file(&target, stream, berth_workspace::WriteOptions::default());
+    tokio::select! {
+        result = write => panic!("the write finished: {result:?}"),
+        _ = consumed => {}
+    }
+    // The write future is dropped here, mid-stream: the script must clean up after itself.
+    let root = node.root("ws-dropwrite");
+    wait_until(
+        "the dropped write to clean up",
+        Duration::from_secs(15),
+        || {
+            let root = root.clone();
+            async move {
+                std::fs::read_dir(&root)
+                    .map(|entries| entries.count() == 0)
+                    .unwrap_or(false)
+            }
+        },
+    )
+    .await;
+}

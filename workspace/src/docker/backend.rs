@@ -59,8 +59,10 @@ impl Backend for DockerBackend {
                 .iter()
                 .map(|(name, value)| (name.clone(), value.clone())),
         );
+        // The kill marker is ours (process.rs); a client value would only muddle the sweep.
         let env = env
             .into_iter()
+            .filter(|(name, _)| name != process::EXEC_MARKER_ENV)
             .map(|(name, value)| format!("{name}={value}"))
             .collect();
         process::spawn(&self.container, spec.argv.clone(), &spec.cwd, env).await

@@ -53,6 +53,9 @@ const EARLY_STDOUT_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// Most stdout/stderr kept by [`run_plain`].
 const PLAIN_OUTPUT_MAX_BYTES: usize = 1024 * 1024;
 
+/// Env variable carrying an exec's kill marker; `kill.sh` matches `BERTH_EXEC_ID=<nonce>`.
+pub(crate) const EXEC_MARKER_ENV: &str = "BERTH_EXEC_ID";
+
 /// What every exec needs to know about its container.
 #[derive(Debug)]
 pub(crate) struct ContainerHandle {
@@ -80,7 +83,7 @@ pub(crate) async fn spawn(
 ) -> Result<Spawned> {
     let program = argv.first().cloned().unwrap_or_default();
     let nonce = scripts::nonce();
-    env.push(format!("BERTH_EXEC_ID={nonce}"));
+    env.push(format!("{EXEC_MARKER_ENV}={nonce}"));
     let mut cmd = vec![
         scripts::SHELL.to_owned(),
         "-c".to_owned(),
