@@ -33,8 +33,16 @@ enum Sweep {
     Failed(String),
 }
 
-/// SIGKILLs session `pid` and every process carrying `nonce` in the container.
-pub(crate) async fn kill_session(container: &ContainerHandle, pid: u32, nonce: &str) -> Result<()> {
+/// SIGKILLs session `pid` and every process carrying `nonce` in the container. Without a
+/// pid (the exec never reported one) only the marker is swept.
+pub(crate) async fn kill_session(
+    container: &ContainerHandle,
+    pid: Option<u32>,
+    nonce: &str,
+) -> Result<()> {
+    // "-" matches no session id.
+    let pid = pid.map_or_else(|| "-".to_owned(), |pid| pid.to_string());
+    let pid = pid.as_str();
     tokio::time::timeout(KILL_TIMEOUT, kill_with_relief(container, pid, nonce))
         .await
         .map_err(|_| WorkspaceError::Timeout {
@@ -43,7 +51,7 @@ pub(crate) async fn kill_session(container: &ContainerHandle, pid: u32, nonce: &
         })?
 }
 
-async fn kill_with_relief(container: &ContainerHandle, pid: u32, nonce: &str) -> Result<()> {
+async fn kill_with_relief(container: &ContainerHandle, pid: &str, nonce: &str) -> Result<()> {
     let diagnostic = match sweep(container, pid, nonce).await? {
         Sweep::Done => return Ok(()),
         Sweep::Failed(message) => return Err(kill_failed(container, pid, &message)),
@@ -52,7 +60,7 @@ async fn kill_with_relief(container: &ContainerHandle, pid: u32, nonce: &str) ->
     let Some(limit) = container.pids_limit else {
         return Err(kill_failed(container, pid, &diagnostic));
     };
-    tracing::warn!(container = %container.container_name, pid, "pids limit exhausted; lifting it to kill an exec");
+    tracing::warn!(container = %container.container_name, session = pid, "pids limit exhausted; lifting it to kill an exec");
     let mut outcome = Err(kill_failed(container, pid, &diagnostic));
     let mut delay = Duration::from_millis(20);
     for _ in 0..LIFTED_ATTEMPTS {
@@ -82,13 +90,13 @@ async fn kill_with_relief(container: &ContainerHandle, pid: u32, nonce: &str) ->
     outcome
 }
 
-async fn sweep(container: &ContainerHandle, pid: u32, nonce: &str) -> Result<Sweep> {
+async fn sweep(container: &ContainerHandle, pid: &str, nonce: &str) -> Result<Sweep> {
     let cmd = vec![
         scripts::SHELL.to_owned(),
         "-c".to_owned(),
         scripts::KILL.to_owned(),
         "berth-kill".to_owned(),
-        pid.to_string(),
+        pid.to_owned(),
         nonce.to_owned(),
     ];
     let output = run_plain(container, cmd).await?;
@@ -127,7 +135,7 @@ async fn set_pids_limit(container: &ContainerHandle, limit: i64) -> Result<()> {
         .map_err(|error| docker_error("updating the pids limit", error))
 }
 
-fn kill_failed(container: &ContainerHandle, pid: u32, message: &str) -> WorkspaceError {
+fn kill_failed(container: &ContainerHandle, pid: &str, message: &str) -> WorkspaceError {
     WorkspaceError::Backend {
         backend: BACKEND_NAME,
         message: format!(

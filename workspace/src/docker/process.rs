@@ -115,6 +115,14 @@ pub(crate) async fn spawn(
             output: String::new(),
         },
         Err(_) => {
+            // Whatever did start must not linger: sweep by marker (no pid is known).
+            let container = container.clone();
+            let marker = nonce.clone();
+            tokio::spawn(async move {
+                if let Err(error) = kill_session(&container, None, &marker).await {
+                    tracing::warn!(container = %container.container_name, %error, "could not kill an exec that never reported");
+                }
+            });
             return Err(WorkspaceError::Timeout {
                 operation: "starting a docker exec",
                 millis: HANDSHAKE_TIMEOUT.as_millis() as u64,
@@ -452,7 +460,7 @@ impl ProcessControl for DockerControl {
         if self.status.is_some() || self.killed {
             return Ok(());
         }
-        kill_session(&self.container, self.pid, &self.nonce).await?;
+        kill_session(&self.container, Some(self.pid), &self.nonce).await?;
         self.killed = true;
         Ok(())
     }
@@ -471,7 +479,7 @@ impl Drop for DockerControl {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    if let Err(error) = kill_session(&container, pid, &nonce).await {
+                    if let Err(error) = kill_session(&container, Some(pid), &nonce).await {
                         tracing::warn!(container = %container.container_name, pid, %error, "could not kill a dropped exec");
                     }
                 });
