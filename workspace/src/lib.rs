@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod bubblewrap;
+pub mod docker;
 pub mod driver;
 pub mod error;
 pub mod exec;
@@ -25,6 +26,7 @@ pub use backend::{
     SpawnSpec, Spawned, WriteOptions,
 };
 pub use bubblewrap::{BubblewrapBackend, BubblewrapConfig, BubblewrapDriver};
+pub use docker::{DockerBackend, DockerConfig, DockerDriver};
 pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
 pub use error::{Result, WorkspaceError};
 pub use hostfs::HostFs;
