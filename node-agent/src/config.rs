@@ -19,6 +19,8 @@ pub struct NodeAgentConfig {
     pub capacity_workspaces: u32,
     /// Largest file one WriteFile may create.
     pub max_file_bytes: u64,
+    /// Image of docker workspaces whose spec names none.
+    pub docker_image: String,
     /// Test hook: every Provision waits this long first (widens the bind window).
     pub debug_provision_delay: Duration,
 }
@@ -34,6 +36,7 @@ impl NodeAgentConfig {
             labels: BTreeMap::new(),
             capacity_workspaces: 0,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
+            docker_image: berth_workspace::docker::DEFAULT_IMAGE.to_owned(),
             debug_provision_delay: Duration::ZERO,
         }
     }

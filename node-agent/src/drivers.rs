@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use berth_workspace::{BackendDriverRef, BubblewrapConfig, BubblewrapDriver, LocalDriver, WorkspaceError};
+use berth_workspace::{
+    BackendDriverRef, BubblewrapConfig, BubblewrapDriver, DockerConfig, DockerDriver, LocalDriver, WorkspaceError,
+};
 
 use crate::config::NodeAgentConfig;
 
 /// Backend names this build knows.
-pub const KNOWN_BACKENDS: &[&str] = &["local", "bubblewrap"];
+pub const KNOWN_BACKENDS: &[&str] = &["local", "bubblewrap", "docker"];
 
 /// Builds the drivers named in the config; an unknown name is a configuration error.
 pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDriverRef>, WorkspaceError> {
@@ -18,6 +20,11 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
         let driver: BackendDriverRef = match name.as_str() {
             "local" => Arc::new(LocalDriver::new()),
             "bubblewrap" => Arc::new(BubblewrapDriver::new(BubblewrapConfig::default()).await?),
+            "docker" => {
+                let docker =
+                    DockerConfig { default_image: config.docker_image.clone(), ..DockerConfig::new(&config.node_id) };
+                Arc::new(DockerDriver::connect(docker).await?)
+            }
             other => {
                 return Err(WorkspaceError::UnknownBackend {
                     name: other.to_owned(),

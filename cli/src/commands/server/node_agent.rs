@@ -48,6 +48,10 @@ pub struct NodeFlags {
     /// Largest file one write may create, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
     pub max_file_bytes: u64,
+    /// Image of docker workspaces whose spec names none (build it with
+    /// deploy/images/build-base.sh; nothing is ever pulled).
+    #[arg(long, env = "BERTH_DOCKER_IMAGE", default_value = "berth/base:latest")]
+    pub docker_image: String,
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
@@ -60,6 +64,7 @@ impl NodeFlags {
         config.capacity_workspaces = self.capacity;
         config.max_file_bytes = self.max_file_bytes;
         config.debug_provision_delay = self.debug_provision_delay;
+        config.docker_image = self.docker_image.clone();
     }
 }
 
