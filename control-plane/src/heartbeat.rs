@@ -213,8 +213,11 @@ impl NodeSession {
                     return Ok(());
                 }
             }
+            // The workspace count feeds placement and `nodes list`: publish a change at
+            // the next heartbeat; everything else at the refresh interval.
+            let count_changed = report.workspaces.len() as u32 != self.record.load.workspaces;
             self.absorb(report.clone());
-            if self.last_write.elapsed() >= self.config.node_record_refresh()
+            if (count_changed || self.last_write.elapsed() >= self.config.node_record_refresh())
                 && let Err(error) = self.write_record().await
             {
                 tracing::warn!(node_id = %self.record.node_id, %error, "writing the node record failed");
