@@ -1,7 +1,7 @@
 //! The `bubblewrap` backend: workspace files on the host, every process in a fresh
 //! [bubblewrap](https://github.com/containers/bubblewrap) sandbox.
 //!
-//! ```ignore
+//! ```text
 //! let driver = BubblewrapDriver::new(BubblewrapConfig::default()).await?; // probes bwrap
 //! let backend = driver.provision(ProvisionContext { workspace_id, root, spec }).await?;
 //! ```

@@ -1,6 +1,6 @@
 //! Conformance suite every `Registry` implementation passes (`registry_suite!`).
 //!
-//! ```ignore
+//! ```text
 //! berth_control_plane::registry_suite!(embedded, async {
 //!     berth_control_plane::registry::embedded::EmbeddedRegistry::new()
 //! });

@@ -3,7 +3,7 @@
 //! Instantiate it once per backend (in an integration test file of this crate, or any crate
 //! depending on it with `tokio` features `macros` + `rt-multi-thread`):
 //!
-//! ```ignore
+//! ```text
 //! berth_workspace::backend_suite!(local, async {
 //!     // Anything implementing `BackendFixture`: a `BackendRef`, or a `Fixture` that keeps
 //!     // temp dirs / containers alive for the duration of one test.
