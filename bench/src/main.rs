@@ -1,1 +1,104 @@
-fn main() {}
+//! `berth-bench`: starts real Berth processes (etcd, `berth control-plane` replicas,
+//! `berth node-agent`s from the release `berth` binary next to this one, or `$BERTH_BIN`),
+//! runs benchmark scenarios against them, and writes `results.json` and `results.md`.
+//!
+//! Exit status: 0 when every case ran or was skipped; 1 when any case failed (an error, or
+//! an invariant such as "one workspace per storm" did not hold); 2 on bad flags.
+
+mod env;
+mod machine;
+mod report;
+mod scenarios;
+mod settings;
+mod stats;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+
+use crate::env::Ctx;
+use crate::machine::MachineInfo;
+use crate::report::{ScenarioResult, Status};
+use crate::settings::{Cli, Settings};
+
+fn main() {
+    let cli = Cli::parse();
+    if cli.list {
+        println!("{}", scenarios::ALL.join("\n"));
+        return;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("berth-bench: cannot start the async runtime: {error}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(async {
+        match run(cli).await {
+            Ok(code) => code,
+            Err(error) => {
+                eprintln!("berth-bench: {error:#}");
+                1
+            }
+        }
+    });
+    // Every process was killed by PID as its owner dropped; nothing is left to wait for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    std::process::exit(code);
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let names: Vec<&str> = match cli.scenario.as_str() {
+        "all" => scenarios::ALL.to_vec(),
+        name if scenarios::ALL.contains(&name) => vec![name],
+        other => anyhow::bail!("unknown scenario {other:?}; one of: all, {}", scenarios::ALL.join(", ")),
+    };
+    let settings = Settings::resolve(cli.quick, cli.tuning)?;
+    let binary = berth_tests::berth::berth_binary();
+    anyhow::ensure!(binary.is_file(), "the berth binary is not at {} (build it or set BERTH_BIN)", binary.display());
+    let machine = Arc::new(MachineInfo::collect(&binary));
+    progress!(
+        "berth {} on {} ({} cores), {}{}",
+        binary.display(),
+        machine.cpu_model,
+        machine.cores,
+        if settings.quick { "quick run" } else { "full run" },
+        if machine.git_dirty { ", work tree dirty" } else { "" }
+    );
+    let ctx = Ctx { settings, machine: Arc::clone(&machine) };
+    let started = Instant::now();
+    let mut results: Vec<ScenarioResult> = Vec::new();
+    for name in names {
+        let scenario_started = Instant::now();
+        progress!("== {name}");
+        let rows = match scenarios::run(name, &ctx).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                progress!("{name}: error: {error:#}");
+                vec![scenarios::common::error_row(name, "—", &machine, &error)]
+            }
+        };
+        let failed = rows.iter().filter(|row| row.status == Status::Error).count();
+        progress!(
+            "== {name} done in {:.1}s, {} rows, {failed} failed",
+            scenario_started.elapsed().as_secs_f64(),
+            rows.len()
+        );
+        results.extend(rows);
+        // Written after every scenario, so an interrupted run keeps what it measured.
+        report::write(&cli.out, &results)?;
+    }
+    println!("{}", report::to_json(&results)?);
+    println!();
+    print!("{}", report::markdown(&results));
+    let failed = results.iter().filter(|row| row.status == Status::Error).count();
+    progress!(
+        "done in {:.1}s: {} rows, {failed} failed; results in {}",
+        started.elapsed().as_secs_f64(),
+        results.len(),
+        cli.out.display()
+    );
+    Ok(if failed > 0 { 1 } else { 0 })
+}
