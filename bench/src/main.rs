@@ -15,6 +15,7 @@ mod stats;
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Parser;
 
 use crate::env::Ctx;
@@ -49,6 +50,33 @@ fn main() {
     std::process::exit(code);
 }
 
+/// Under `cargo run` (which builds only this package) with no `$BERTH_BIN`, builds the
+/// `berth` binary of the same profile first, so the processes under test are never stale
+/// or missing. A no-op build takes about a second.
+fn build_berth_when_under_cargo() -> anyhow::Result<()> {
+    let Some(cargo) = std::env::var_os("CARGO") else { return Ok(()) };
+    if std::env::var_os("BERTH_BIN").is_some() {
+        return Ok(());
+    }
+    let executable = std::env::current_exe()?;
+    let profile = executable.parent().and_then(|dir| dir.file_name()).and_then(|name| name.to_str()).unwrap_or("debug");
+    let mut command = std::process::Command::new(cargo);
+    command.args(["build", "-p", "berth", "--bin", "berth"]);
+    match profile {
+        "debug" => {}
+        "release" => {
+            command.arg("--release");
+        }
+        other => {
+            command.args(["--profile", other]);
+        }
+    }
+    progress!("building the berth binary ({profile} profile)");
+    let status = command.status().context("running cargo build -p berth")?;
+    anyhow::ensure!(status.success(), "cargo build -p berth failed ({status})");
+    Ok(())
+}
+
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     let names: Vec<&str> = match cli.scenario.as_str() {
         "all" => scenarios::ALL.to_vec(),
@@ -56,6 +84,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         other => anyhow::bail!("unknown scenario {other:?}; one of: all, {}", scenarios::ALL.join(", ")),
     };
     let settings = Settings::resolve(cli.quick, cli.tuning)?;
+    build_berth_when_under_cargo()?;
     let binary = berth_tests::berth::berth_binary();
     anyhow::ensure!(binary.is_file(), "the berth binary is not at {} (build it or set BERTH_BIN)", binary.display());
     let machine = Arc::new(MachineInfo::collect(&binary));
@@ -72,14 +101,21 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let mut results: Vec<ScenarioResult> = Vec::new();
     for name in names {
         let scenario_started = Instant::now();
-        progress!("== {name}");
-        let rows = match scenarios::run(name, &ctx).await {
+        let load_before = machine::load_average().unwrap_or(0.0);
+        progress!("== {name} (host load average {load_before:.2})");
+        let mut rows = match scenarios::run(name, &ctx).await {
             Ok(rows) => rows,
             Err(error) => {
                 progress!("{name}: error: {error:#}");
                 vec![scenarios::common::error_row(name, "—", &machine, &error)]
             }
         };
+        let load_after = machine::load_average().unwrap_or(0.0);
+        for row in &mut rows {
+            // Other processes on the machine skew every number; this says how busy it was.
+            row.metric("host_load_avg_1m_before", load_before);
+            row.metric("host_load_avg_1m_after", load_after);
+        }
         let failed = rows.iter().filter(|row| row.status == Status::Error).count();
         progress!(
             "== {name} done in {:.1}s, {} rows, {failed} failed",
