@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use berth_proto::v1;
+use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use bytes::Bytes;
 use futures::StreamExt;
 use rand::RngCore;
@@ -52,6 +53,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         .context("CreateSession")?
         .into_inner()
         .workspace_id;
+    let generation = client
+        .get_workspace(v1::GetWorkspaceRequest { workspace_id: workspace_id.clone() })
+        .await
+        .context("GetWorkspace")?
+        .into_inner()
+        .generation;
+    let node_channel = env::connect(&cluster.nodes[0].server.endpoint).await?;
     // The floor writes on the filesystem holding the node's data directory.
     let floor_dir = tempfile::tempdir_in(cluster.nodes[0].data_dir.parent().unwrap_or(Path::new("/tmp")))
         .context("floor directory")?;
@@ -67,11 +75,22 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         for &chunk_kib in &settings.file_chunks_kib {
             let chunk = (chunk_kib * 1024) as usize;
             let path = format!("bench/{size_mib}MiB-{chunk_kib}KiB.bin");
-            let measured = measure(&channel, &workspace_id, &path, &data, chunk, repetitions).await;
+            let replica = Target::Replica(env::workspace_client(channel.clone()));
+            let measured = measure(&replica, &workspace_id, &path, &data, chunk, repetitions).await;
+            // The node agent alone, without the replica's hop: splits Berth's cost in two.
+            let node = Target::Node(node_client(&node_channel), generation);
+            let direct = measure(&node, &workspace_id, &format!("{path}.direct"), &data, chunk, repetitions).await;
             let floor = measure_floor(floor_dir.path(), &data, chunk, repetitions).await;
             for direction in [Direction::Write, Direction::Read] {
                 let case = format!("{} {size_mib} MiB chunk {chunk_kib} KiB", direction.label());
-                let row = row(ctx, &case, direction, size, chunk_kib, repetitions, &measured, &floor);
+                let mut row = row(ctx, &case, direction, size, chunk_kib, repetitions, &measured, &floor);
+                if let (Ok(row), Ok((writes, reads))) = (&mut row, &direct) {
+                    let samples = if direction == Direction::Write { writes } else { reads };
+                    if let Some(summary) = Summary::of(samples) {
+                        row.metric("node_direct_p50_ms", summary.p50_ms);
+                        row.metric("node_direct_mib_per_s", size as f64 / MIB as f64 / (summary.p50_ms / 1000.0));
+                    }
+                }
                 results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
             }
         }
@@ -121,8 +140,53 @@ fn row(
     Ok(result)
 }
 
+/// Where the file calls go: the public API of a replica, or a node agent directly (with
+/// the generation metadata a replica would add).
+enum Target {
+    Replica(v1::workspace_service_client::WorkspaceServiceClient<Channel>),
+    Node(NodeAgentServiceClient<Channel>, u64),
+}
+
+impl Target {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Replica(_) => "through the control plane",
+            Self::Node(..) => "on the node agent directly",
+        }
+    }
+
+    async fn write(&self, messages: Vec<v1::WriteFileRequest>) -> anyhow::Result<u64> {
+        let stream = futures::stream::iter(messages);
+        let written = match self {
+            Self::Replica(client) => client.clone().write_file(stream).await,
+            Self::Node(client, generation) => client.clone().write_file(with_generation(stream, *generation)).await,
+        };
+        Ok(written.context("WriteFile")?.into_inner().bytes_written)
+    }
+
+    async fn read(&self, request: v1::ReadFileRequest) -> anyhow::Result<tonic::Streaming<v1::FileChunk>> {
+        let stream = match self {
+            Self::Replica(client) => client.clone().read_file(request).await,
+            Self::Node(client, generation) => client.clone().read_file(with_generation(request, *generation)).await,
+        };
+        Ok(stream.context("ReadFile")?.into_inner())
+    }
+}
+
+fn with_generation<T>(message: T, generation: u64) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Ok(value) = generation.to_string().parse() {
+        request.metadata_mut().insert(berth_proto::meta::GENERATION, value);
+    }
+    request
+}
+
+fn node_client(channel: &Channel) -> NodeAgentServiceClient<Channel> {
+    NodeAgentServiceClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024)
+}
+
 async fn measure(
-    channel: &Channel,
+    target: &Target,
     workspace_id: &str,
     path: &str,
     data: &Bytes,
@@ -130,11 +194,11 @@ async fn measure(
     repetitions: usize,
 ) -> Timings {
     progress!(
-        "{NAME}: {} MiB in {} KiB chunks through the control plane, {repetitions}×",
+        "{NAME}: {} MiB in {} KiB chunks {}, {repetitions}×",
         data.len() as u64 / MIB,
-        chunk / 1024
+        chunk / 1024,
+        target.label()
     );
-    let mut client = env::workspace_client(channel.clone());
     let mut writes = Vec::with_capacity(repetitions);
     let mut reads = Vec::with_capacity(repetitions);
     for repetition in 0..repetitions {
@@ -145,17 +209,16 @@ async fn measure(
                 mode: 0,
             })),
         };
-        let payload = data.clone();
-        let chunks = (0..data.len().div_ceil(chunk)).map(move |index| {
-            let data = &payload;
-            let piece = data.slice(index * chunk..((index + 1) * chunk).min(data.len()));
-            v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(piece.to_vec())) }
-        });
-        let messages = futures::stream::iter(std::iter::once(header).chain(chunks));
+        // Messages are built before the clock starts: the copy into them is the client's,
+        // not Berth's.
+        let chunks = data
+            .chunks(chunk)
+            .map(|piece| v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(piece.to_vec())) });
+        let messages: Vec<v1::WriteFileRequest> = std::iter::once(header).chain(chunks).collect();
         let started = Instant::now();
-        let written = client.write_file(messages).await.context("WriteFile")?.into_inner();
+        let written = target.write(messages).await?;
         writes.push(started.elapsed());
-        anyhow::ensure!(written.bytes_written == data.len() as u64, "WriteFile wrote {} bytes", written.bytes_written);
+        anyhow::ensure!(written == data.len() as u64, "WriteFile wrote {written} bytes");
 
         let request = v1::ReadFileRequest {
             workspace_id: workspace_id.to_owned(),
@@ -163,7 +226,7 @@ async fn measure(
             chunk_size: chunk as u32,
         };
         let started = Instant::now();
-        let mut stream = client.read_file(request).await.context("ReadFile")?.into_inner();
+        let mut stream = target.read(request).await?;
         // The first read keeps the bytes to check them; later ones only count, like the floor.
         let mut received = Vec::new();
         let mut length = 0usize;
