@@ -113,8 +113,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         let load_after = machine::load_average().unwrap_or(0.0);
         for row in &mut rows {
             // Other processes on the machine skew every number; this says how busy it was.
-            row.metric("host_load_avg_1m_before", load_before);
-            row.metric("host_load_avg_1m_after", load_after);
+            row.metric(report::LOAD_BEFORE, load_before);
+            row.metric(report::LOAD_AFTER, load_after);
         }
         let failed = rows.iter().filter(|row| row.status == Status::Error).count();
         progress!(

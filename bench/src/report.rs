@@ -195,13 +195,29 @@ pub fn markdown(results: &[ScenarioResult]) -> String {
             text.push('\n');
         }
     }
+    let mut loads: Vec<String> = Vec::new();
+    for result in results {
+        let (Some(before), Some(after)) = (result.metrics.get(LOAD_BEFORE), result.metrics.get(LOAD_AFTER)) else {
+            continue;
+        };
+        let line = format!("{} {before:.1}→{after:.1}", result.scenario);
+        if !loads.contains(&line) {
+            loads.push(line);
+        }
+    }
+    if !loads.is_empty() {
+        let _ = writeln!(text, "\nHost load average (1 min) before→after each scenario: {}", loads.join(", "));
+    }
     let details: Vec<String> = results
         .iter()
-        .filter(|result| !result.metrics.is_empty())
-        .map(|result| {
-            let readings: Vec<String> =
-                result.metrics.iter().map(|(name, value)| format!("{name}={}", format_number(*value))).collect();
-            format!("- {} {}: {}", result.scenario, result.case, readings.join(", "))
+        .filter_map(|result| {
+            let readings: Vec<String> = result
+                .metrics
+                .iter()
+                .filter(|(name, _)| name.as_str() != LOAD_BEFORE && name.as_str() != LOAD_AFTER)
+                .map(|(name, value)| format!("{name}={}", format_number(*value)))
+                .collect();
+            (!readings.is_empty()).then(|| format!("- {} {}: {}", result.scenario, result.case, readings.join(", ")))
         })
         .collect();
     if !details.is_empty() {
@@ -217,6 +233,10 @@ pub fn markdown(results: &[ScenarioResult]) -> String {
 fn format_number(value: f64) -> String {
     if value.abs() >= 100.0 || value == value.trunc() { format!("{value:.0}") } else { format!("{value:.2}") }
 }
+
+/// Metric names of the host load average around a scenario (set by `main`).
+pub const LOAD_BEFORE: &str = "host_load_avg_1m_before";
+pub const LOAD_AFTER: &str = "host_load_avg_1m_after";
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
