@@ -14,14 +14,24 @@ use crate::process::{ManagedProcess, ProcessSpec, free_port, wait_until};
 /// How long a process may take to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The `berth` binary: `$BERTH_BIN`, else next to the test executable's `deps/` directory
-/// (`target/<profile>/berth`, built by `cargo build --bins` or by the test run itself).
+/// The log filter `BerthProcess::start` gives every process.
+pub const DEFAULT_LOG_FILTER: &str = "info,berth=debug";
+
+/// The `berth` binary: `$BERTH_BIN`, else next to the running executable (a binary in
+/// `target/<profile>/`, e.g. `berth-bench`), else next to the test executable's `deps/`
+/// directory (`target/<profile>/berth`, built by `cargo build --bins` or by the test run
+/// itself).
 pub fn berth_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("BERTH_BIN") {
         return PathBuf::from(path);
     }
     let executable = std::env::current_exe().unwrap_or_default();
-    let profile_dir = executable.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+    let executable_dir = executable.parent().map(Path::to_path_buf).unwrap_or_default();
+    let sibling = executable_dir.join("berth");
+    if sibling.is_file() {
+        return sibling;
+    }
+    let profile_dir = executable_dir.parent().map(Path::to_path_buf).unwrap_or_default();
     let candidate = profile_dir.join("berth");
     assert!(
         candidate.exists(),
@@ -60,19 +70,32 @@ pub struct BerthProcess {
 impl BerthProcess {
     /// Starts `berth <args> --listen 127.0.0.1:<free port>` and waits until it serves.
     pub async fn start(name: &str, args: Vec<String>) -> anyhow::Result<Self> {
-        let port = free_port()?;
-        let mut all = args;
-        all.push("--listen".into());
-        all.push(format!("127.0.0.1:{port}"));
-        let spec = ProcessSpec::new(name, berth_binary()).args(all).env("RUST_LOG", "info,berth=debug");
-        let process = ManagedProcess::spawn(spec)?;
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let started = Self { process, endpoint };
+        Self::start_with_log(name, args, DEFAULT_LOG_FILTER).await
+    }
+
+    /// [`BerthProcess::start`] with `RUST_LOG=<log_filter>` (benchmarks log less).
+    pub async fn start_with_log(name: &str, args: Vec<String>, log_filter: &str) -> anyhow::Result<Self> {
+        let started = Self::spawn(name, args, log_filter)?;
         started.wait_serving().await?;
         Ok(started)
     }
 
-    async fn wait_serving(&self) -> anyhow::Result<()> {
+    /// Starts `berth <args> --listen 127.0.0.1:<free port>` without waiting for it to serve
+    /// (for callers that time the start-up themselves; see [`BerthProcess::wait_serving`]).
+    pub fn spawn(name: &str, args: Vec<String>, log_filter: &str) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let mut all = args;
+        all.push("--listen".into());
+        all.push(format!("127.0.0.1:{port}"));
+        let spec = ProcessSpec::new(name, berth_binary()).args(all).env("RUST_LOG", log_filter);
+        let process = ManagedProcess::spawn(spec)?;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        Ok(Self { process, endpoint })
+    }
+
+    /// Waits until the process serves (or fails with its log tail when it exits or takes
+    /// longer than [`READY_TIMEOUT`]).
+    pub async fn wait_serving(&self) -> anyhow::Result<()> {
         let endpoint = self.endpoint.clone();
         let process = &self.process;
         let ready = wait_until(READY_TIMEOUT, || {

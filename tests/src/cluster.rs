@@ -8,7 +8,7 @@ use anyhow::Context;
 use berth_proto::v1;
 use tempfile::TempDir;
 
-use crate::berth::BerthProcess;
+use crate::berth::{BerthProcess, DEFAULT_LOG_FILTER};
 use crate::process::wait_until;
 
 /// Settings of a test cluster. Leases are short so failures show quickly.
@@ -25,6 +25,8 @@ pub struct ClusterConfig {
     pub isolation: &'static str,
     /// Extra flags for every node agent (e.g. `--debug-provision-delay 3s`).
     pub node_flags: Vec<String>,
+    /// `RUST_LOG` of every process.
+    pub log_filter: String,
 }
 
 impl ClusterConfig {
@@ -40,6 +42,7 @@ impl ClusterConfig {
             bind_timeout: "30s",
             isolation: "per-agent",
             node_flags: Vec::new(),
+            log_filter: DEFAULT_LOG_FILTER.to_owned(),
         }
     }
 }
@@ -113,9 +116,13 @@ impl Cluster {
     }
 
     async fn spawn_replica(&self, index: usize) -> anyhow::Result<Replica> {
-        let server = BerthProcess::start(&format!("replica-{index}"), self.replica_args(index))
-            .await
-            .with_context(|| format!("replica {index}"))?;
+        let server = BerthProcess::start_with_log(
+            &format!("replica-{index}"),
+            self.replica_args(index),
+            &self.config.log_filter,
+        )
+        .await
+        .with_context(|| format!("replica {index}"))?;
         Ok(Replica { id: format!("replica-{index}"), server })
     }
 
@@ -134,7 +141,9 @@ impl Cluster {
             id.clone(),
         ];
         args.extend(self.config.node_flags.iter().cloned());
-        let server = BerthProcess::start(&id, args).await.with_context(|| format!("node {index}"))?;
+        let server = BerthProcess::start_with_log(&id, args, &self.config.log_filter)
+            .await
+            .with_context(|| format!("node {index}"))?;
         Ok(Node { id, server, data_dir })
     }
 

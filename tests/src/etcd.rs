@@ -196,6 +196,12 @@ impl EtcdProcess {
         http_request(self.client_port, "GET", "/health", "").is_ok_and(|body| body.contains(r#""health":"true""#))
     }
 
+    /// The Prometheus text of `GET /metrics` on the client port (counters such as
+    /// `etcd_mvcc_put_total`, `etcd_server_proposals_committed_total`).
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        http_request(self.client_port, "GET", "/metrics", "")
+    }
+
     /// This member's id and the leader's id as it sees them (`/v3/maintenance/status`).
     pub fn status(&self) -> anyhow::Result<MemberStatus> {
         let body = http_request(self.client_port, "POST", "/v3/maintenance/status", "{}")?;
@@ -236,7 +242,28 @@ fn http_request(port: u16, method: &str, path: &str, body: &str) -> anyhow::Resu
     if !head.starts_with("HTTP/1.1 200") {
         bail!("{method} {path}: {head}");
     }
-    Ok(body.to_owned())
+    let chunked = head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding") && value.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    if chunked { dechunk(body) } else { Ok(body.to_owned()) }
+}
+
+/// Decodes an HTTP/1.1 chunked body (etcd streams `/metrics` that way).
+fn dechunk(mut body: &str) -> anyhow::Result<String> {
+    let mut decoded = String::with_capacity(body.len());
+    loop {
+        let (size_line, rest) = body.split_once("\r\n").ok_or_else(|| anyhow!("truncated chunked body"))?;
+        let size_text = size_line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16).with_context(|| format!("chunk size {size_line:?}"))?;
+        if size == 0 {
+            return Ok(decoded);
+        }
+        let chunk = rest.get(..size).ok_or_else(|| anyhow!("chunk of {size} bytes is truncated"))?;
+        decoded.push_str(chunk);
+        body = rest.get(size..).unwrap_or_default().trim_start_matches("\r\n");
+    }
 }
 
 /// A multi-member etcd cluster on loopback.
@@ -376,5 +403,16 @@ pub async fn shared_registry() -> Arc<EtcdRegistry> {
             etcd.log_path().display(),
             etcd.log_tail(30)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(dechunk("5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n").unwrap(), "hello, world");
+        assert!(dechunk("5\r\nhel").is_err());
     }
 }

@@ -1,0 +1,332 @@
+//! `exec-rtt`: `true` run through the control plane on each backend the binary and the
+//! machine offer (local, bubblewrap, docker), against starting `true` directly: a plain
+//! spawn, `bwrap` with a comparable sandbox, `docker exec` into a running container. Also
+//! the provision latency of a fresh workspace per backend, against the registry writes a
+//! bind needs (plus `docker run` for docker).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use berth_control_plane::registry::etcd::EtcdRegistry;
+use berth_control_plane::registry::{Compare, Registry, Txn, TxnOp};
+use berth_proto::v1;
+use berth_tests::berth::{BerthProcess, is_serving};
+use bytes::Bytes;
+use tonic::transport::Channel;
+
+use super::common::{self, create_request};
+use crate::env::{self, Ctx};
+use crate::machine::command_line;
+use crate::progress;
+use crate::report::{Floor, Quantity, ScenarioResult};
+use crate::stats::Summary;
+
+pub const NAME: &str = "exec-rtt";
+
+const BACKENDS: [&str; 3] = ["local", "bubblewrap", "docker"];
+const WARM_UP: usize = 5;
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
+    let mut available = Vec::new();
+    let mut skipped = Vec::new();
+    for backend in BACKENDS {
+        match probe(ctx, backend).await {
+            Ok(()) => available.push(backend),
+            Err(reason) => {
+                progress!("{NAME}: {backend} skipped: {reason}");
+                skipped.push((backend, reason));
+            }
+        }
+    }
+    let docker_container = match DockerContainer::start(&ctx.settings.docker_image) {
+        Ok(container) => Some(container),
+        Err(error) => {
+            progress!("{NAME}: no docker exec floor: {error:#}");
+            None
+        }
+    };
+    let etcd = env::start_etcd().await?;
+    let mut config = env::cluster_config(ctx, &etcd, 1, 1);
+    config.node_flags = vec!["--backend".into(), available.join(",")];
+    let cluster = env::start_cluster(config).await?;
+    let channel = env::connect(&cluster.replicas[0].server.endpoint).await?;
+    let registry = env::registry(&etcd).await?;
+
+    let mut results = Vec::new();
+    for backend in &available {
+        let case = format!("exec true {backend}");
+        let row = exec_case(ctx, &channel, backend, docker_container.as_ref()).await;
+        results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
+        let case = format!("provision {backend}");
+        let row = provision_case(ctx, &channel, &registry, backend).await;
+        results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
+    }
+    for (backend, reason) in skipped {
+        let mut exec_row = ScenarioResult::new(NAME, format!("exec true {backend}"), &ctx.machine);
+        // The floor is still worth knowing where it can be measured.
+        if backend == "docker"
+            && let Some(container) = &docker_container
+            && let Ok(floor) = docker_exec_floor(container, ctx.settings.exec_iterations).await
+        {
+            exec_row.set_floor(floor);
+        }
+        results.push(exec_row.skip(reason.clone()));
+        results.push(ScenarioResult::new(NAME, format!("provision {backend}"), &ctx.machine).skip(reason));
+    }
+    // Dropped in reverse order: the cluster before its etcd.
+    Ok(results)
+}
+
+/// Whether `backend` can run here: its host tools exist and the `berth` binary's node agent
+/// starts with it (an unknown backend or a missing engine is a start-up error there).
+async fn probe(ctx: &Ctx, backend: &str) -> Result<(), String> {
+    match backend {
+        "local" => return Ok(()),
+        "bubblewrap" if !Path::new("/usr/bin/bwrap").exists() => return Err("bwrap is not installed".into()),
+        "docker" => {
+            if command_line("docker", &["version", "--format", "{{.Server.Version}}"]).is_none() {
+                return Err("no Docker engine answers".into());
+            }
+            let image = &ctx.settings.docker_image;
+            if command_line("docker", &["image", "inspect", "--format", "{{.Id}}", image]).is_none() {
+                return Err(format!("image {image} is not present (deploy/images/build-base.sh builds it)"));
+            }
+        }
+        _ => {}
+    }
+    let data_dir = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let args = vec![
+        "node-agent".to_owned(),
+        "--control-plane".into(),
+        "http://127.0.0.1:1".into(),
+        "--data-dir".into(),
+        data_dir.path().display().to_string(),
+        "--node-id".into(),
+        format!("probe-{backend}"),
+        "--backend".into(),
+        backend.into(),
+    ];
+    let agent = BerthProcess::spawn(&format!("probe-{backend}"), args, "info").map_err(|error| error.to_string())?;
+    let endpoint = agent.endpoint.clone();
+    env::poll_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        let endpoint = endpoint.clone();
+        let agent = &agent;
+        async move { !agent.is_running() || is_serving(&endpoint).await }
+    })
+    .await;
+    if agent.is_running() {
+        return Ok(());
+    }
+    let log = agent.log();
+    let reason = log
+        .lines()
+        .rev()
+        .find(|line| line.to_lowercase().contains("error"))
+        .unwrap_or_else(|| log.lines().last().unwrap_or("exited at start"));
+    Err(format!("the berth node agent does not start with --backend {backend}: {}", reason.trim()))
+}
+
+async fn exec_case(
+    ctx: &Ctx,
+    channel: &Channel,
+    backend: &str,
+    docker_container: Option<&DockerContainer>,
+) -> anyhow::Result<ScenarioResult> {
+    let iterations = ctx.settings.exec_iterations;
+    let mut client = env::workspace_client(channel.clone());
+    let session = client
+        .create_session(create_request(&format!("exec-{backend}"), "coder", backend))
+        .await
+        .with_context(|| format!("CreateSession on {backend}"))?
+        .into_inner();
+    let request =
+        v1::ExecRequest { workspace_id: session.workspace_id.clone(), argv: vec!["true".into()], ..Default::default() };
+    progress!("{NAME}: {iterations} × `true` through the control plane on {backend}");
+    let mut latencies = Vec::with_capacity(iterations);
+    for index in 0..WARM_UP + iterations {
+        let started = Instant::now();
+        let result = client.exec(request.clone()).await.context("Exec")?.into_inner();
+        let elapsed = started.elapsed();
+        if result.exit_code != 0 {
+            bail!("`true` exited {} on {backend}: {}", result.exit_code, String::from_utf8_lossy(&result.stderr));
+        }
+        if index >= WARM_UP {
+            latencies.push(elapsed);
+        }
+    }
+    let floor = match backend {
+        "local" => spawn_floor("direct spawn of true", Command::new("true"), iterations).await?,
+        "bubblewrap" => bwrap_floor(iterations).await?,
+        "docker" => match docker_container {
+            Some(container) => docker_exec_floor(container, iterations).await?,
+            None => bail!("no container for the docker exec floor"),
+        },
+        other => bail!("no floor for backend {other}"),
+    };
+    let mut result = ScenarioResult::new(NAME, format!("exec true {backend}"), &ctx.machine)
+        .param("backend", backend)
+        .param("iterations", iterations)
+        .param("workspace_id", session.workspace_id);
+    let total: Duration = latencies.iter().sum();
+    result.latency_ms = Summary::of(&latencies);
+    result.throughput = Some(Quantity::new(iterations as f64 / total.as_secs_f64(), "exec/s"));
+    result.wall_s = total.as_secs_f64();
+    result.set_floor(floor);
+    Ok(result)
+}
+
+/// Times `iterations` runs of `command` (after a few unmeasured ones), each to exit 0.
+async fn spawn_floor(name: &str, command: Command, iterations: usize) -> anyhow::Result<Floor> {
+    let name = name.to_owned();
+    progress!("{NAME}: floor: {name}");
+    tokio::task::spawn_blocking(move || {
+        let mut command = command;
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut latencies = Vec::with_capacity(iterations);
+        for index in 0..WARM_UP + iterations {
+            let started = Instant::now();
+            let output = command.output().with_context(|| format!("{name}: spawn"))?;
+            let elapsed = started.elapsed();
+            if !output.status.success() {
+                bail!("{name}: {} {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
+            }
+            if index >= WARM_UP {
+                latencies.push(elapsed);
+            }
+        }
+        let total: Duration = latencies.iter().sum();
+        Ok(Floor {
+            name,
+            latency_ms: Summary::of(&latencies),
+            throughput: Some(Quantity::new(iterations as f64 / total.as_secs_f64(), "exec/s")),
+        })
+    })
+    .await
+    .context("floor task")?
+}
+
+/// `bwrap` with the sandbox the bubblewrap backend builds, minus its `setsid` / `prlimit`
+/// wrappers and per-workspace `/etc` entries: every namespace unshared, no capabilities,
+/// `/usr` read-only, the workspace bound at `/workspace`, the root remounted read-only.
+async fn bwrap_floor(iterations: usize) -> anyhow::Result<Floor> {
+    let workspace = tempfile::tempdir().context("bwrap floor workspace")?;
+    let mut args: Vec<String> = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+        .into_iter()
+        .chain(["--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--ro-bind", "/usr", "/usr"])
+        .map(str::to_owned)
+        .collect();
+    for system_dir in ["/bin", "/sbin", "/lib", "/lib64"] {
+        let path = Path::new(system_dir);
+        match std::fs::read_link(path) {
+            Ok(target) => args.extend(["--symlink".into(), target.display().to_string(), system_dir.into()]),
+            Err(_) if path.is_dir() => args.extend(["--ro-bind".into(), system_dir.into(), system_dir.into()]),
+            Err(_) => {}
+        }
+    }
+    args.extend(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind"].map(str::to_owned));
+    args.push(workspace.path().display().to_string());
+    args.extend(["/workspace", "--remount-ro", "/", "--chdir", "/workspace", "true"].map(str::to_owned));
+    let mut command = Command::new("bwrap");
+    command.args(&args);
+    spawn_floor("direct bwrap … true", command, iterations).await
+}
+
+async fn docker_exec_floor(container: &DockerContainer, iterations: usize) -> anyhow::Result<Floor> {
+    let mut command = Command::new("docker");
+    command.args(["exec", &container.name, "true"]);
+    spawn_floor("docker exec … true (CLI)", command, iterations).await
+}
+
+/// P fresh workspaces (distinct users) on `backend`, each CreateSession timed.
+async fn provision_case(
+    ctx: &Ctx,
+    channel: &Channel,
+    registry: &Arc<EtcdRegistry>,
+    backend: &str,
+) -> anyhow::Result<ScenarioResult> {
+    let samples = ctx.settings.provision_samples;
+    progress!("{NAME}: {samples} fresh workspaces on {backend}");
+    let mut client = env::workspace_client(channel.clone());
+    let run_tag = format!("{:08x}", rand::random::<u32>());
+    let mut latencies = Vec::with_capacity(samples);
+    for index in 0..samples {
+        let request = create_request(&format!("provision-{run_tag}-{index}"), "coder", backend);
+        let started = Instant::now();
+        client.create_session(request).await.with_context(|| format!("CreateSession on {backend}"))?;
+        latencies.push(started.elapsed());
+    }
+    let mut floor_latencies = Vec::with_capacity(samples);
+    for index in 0..samples {
+        let started = Instant::now();
+        bind_writes(registry, &format!("/bench-floor-{run_tag}"), index).await?;
+        let container = match backend {
+            "docker" => {
+                let image = ctx.settings.docker_image.clone();
+                Some(tokio::task::spawn_blocking(move || DockerContainer::start(&image)).await??)
+            }
+            _ => None,
+        };
+        floor_latencies.push(started.elapsed());
+        // Removed outside the measurement.
+        drop(container);
+    }
+    let floor_name = match backend {
+        "docker" => "4 etcd writes + docker run",
+        _ => "4 sequential etcd writes of a bind",
+    };
+    let mut result = ScenarioResult::new(NAME, format!("provision {backend}"), &ctx.machine)
+        .param("backend", backend)
+        .param("samples", samples);
+    let total: Duration = latencies.iter().sum();
+    result.latency_ms = Summary::of(&latencies);
+    result.throughput = Some(Quantity::new(samples as f64 / total.as_secs_f64(), "workspaces/s"));
+    result.wall_s = total.as_secs_f64();
+    result.set_floor(Floor { name: floor_name.into(), latency_ms: Summary::of(&floor_latencies), throughput: None });
+    Ok(result)
+}
+
+/// The registry writes of one bind, in order: create the lock, write the record guarded by
+/// the lock, delete the lock, create the session.
+async fn bind_writes(registry: &Arc<EtcdRegistry>, prefix: &str, index: usize) -> anyhow::Result<()> {
+    let lock = format!("{prefix}/locks/ws-{index}");
+    let record = format!("{prefix}/workspaces/ws-{index}");
+    let session = format!("{prefix}/sessions/s-{index}");
+    let value = Bytes::from(vec![b'x'; 400]);
+    let created = registry.create_if_absent(&lock, Bytes::from_static(b"replica"), 0).await?;
+    let fence = created.map_err(|_| anyhow::anyhow!("floor lock {lock} exists"))?;
+    let guarded =
+        Txn::new().when([Compare::create_revision(&lock, fence)]).and_then([TxnOp::put(&record, value.clone())]);
+    anyhow::ensure!(registry.txn(guarded).await?.succeeded, "floor record write lost its fence");
+    registry.delete(&lock).await?;
+    registry.create_if_absent(&session, value, 0).await?.map_err(|_| anyhow::anyhow!("floor session exists"))?;
+    Ok(())
+}
+
+/// A container of the base image for the `docker exec` floor; removed on drop.
+struct DockerContainer {
+    name: String,
+}
+
+impl DockerContainer {
+    fn start(image: &str) -> anyhow::Result<Self> {
+        let name = format!("berth-bench-{:08x}", rand::random::<u32>());
+        let output = Command::new("docker")
+            .args(["run", "-d", "--rm", "--network", "none", "--name", &name, image, "sleep", "3600"])
+            .output()
+            .context("docker run")?;
+        if !output.status.success() {
+            bail!("docker run {image}: {}", String::from_utf8_lossy(&output.stderr).trim());
+        }
+        Ok(Self { name })
+    }
+}
+
+impl Drop for DockerContainer {
+    fn drop(&mut self) {
+        let _ =
+            Command::new("docker").args(["rm", "-f", &self.name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
+}
