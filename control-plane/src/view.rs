@@ -6,9 +6,10 @@
 //! then watches from the first page's revision + 1. Every change after the listing started
 //! is therefore replayed by the watch, and an entry is only replaced by a change with a
 //! higher mod revision, so replays and pages never move an entry backwards. On compaction
-//! or a broken watch the mirror lists again.
+//! or a broken watch the mirror lists again. Entries are kept sorted by id, so listing
+//! pages is a range scan.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -40,14 +41,14 @@ impl<T> Clone for Entry<T> {
 /// Mirror of one key prefix.
 pub struct Mirror<T> {
     prefix: String,
-    entries: RwLock<HashMap<String, Entry<T>>>,
+    entries: RwLock<BTreeMap<String, Entry<T>>>,
     /// Bumped after every applied batch; waiters `changed().await` on it.
     version: watch::Sender<u64>,
 }
 
 impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
     fn new(prefix: String) -> Self {
-        Self { prefix, entries: RwLock::new(HashMap::new()), version: watch::channel(0).0 }
+        Self { prefix, entries: RwLock::new(BTreeMap::new()), version: watch::channel(0).0 }
     }
 
     pub fn get(&self, id: &str) -> Option<Entry<T>> {
@@ -56,6 +57,29 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
 
     pub fn all(&self) -> Vec<Entry<T>> {
         self.read().values().cloned().collect()
+    }
+
+    /// Up to `limit` entries with ids after `after` (exclusive) that pass `keep`, in id
+    /// order, and whether more follow. Costs O(log n + what it scans), so paging through a
+    /// large view is linear overall.
+    pub fn page(&self, after: &str, limit: usize, mut keep: impl FnMut(&T) -> bool) -> (Vec<Entry<T>>, bool) {
+        let entries = self.read();
+        let start = if after.is_empty() {
+            std::ops::Bound::Unbounded
+        } else {
+            std::ops::Bound::Excluded(after.to_owned())
+        };
+        let mut page = Vec::new();
+        for (_, entry) in entries.range((start, std::ops::Bound::Unbounded)) {
+            if !keep(&entry.record) {
+                continue;
+            }
+            if page.len() == limit {
+                return (page, true);
+            }
+            page.push(entry.clone());
+        }
+        (page, false)
     }
 
     pub fn len(&self) -> usize {
@@ -70,13 +94,13 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
         self.version.subscribe()
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry<T>>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Entry<T>>> {
         // A poisoned lock only means a reader panicked; the map itself is always consistent
         // because every write is a single insert or remove.
         self.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Entry<T>>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Entry<T>>> {
         self.entries.write().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -115,7 +139,7 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
 
     /// Lists the prefix into a fresh map and swaps it in; returns the revision to watch from.
     async fn relist(&self, registry: &RegistryRef) -> crate::registry::Result<i64> {
-        let mut fresh = HashMap::new();
+        let mut fresh = BTreeMap::new();
         let mut after = String::new();
         let mut first_revision = None;
         loop {
