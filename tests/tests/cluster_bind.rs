@@ -11,15 +11,18 @@ use berth_tests::cluster::{Cluster, ClusterConfig};
 use berth_tests::process::{wait_for, wait_until};
 use nix::sys::signal::Signal;
 
+/// What one CreateSession call did: the replica index it went to, its outcome, and when it
+/// finished.
+type CreateOutcome = (usize, Result<v1::Session, tonic::Status>, Instant);
+
 /// Starts `count` CreateSession calls for one (user, agent), spread round-robin over the
-/// replicas, all at once. Each outcome carries the index of the replica it went to and when
-/// it finished.
+/// replicas, all at once.
 fn spawn_creates(
     cluster: &Cluster,
     count: usize,
     user: &str,
     agent: &str,
-) -> Vec<tokio::task::JoinHandle<(usize, Result<v1::Session, tonic::Status>, Instant)>> {
+) -> Vec<tokio::task::JoinHandle<CreateOutcome>> {
     let replicas = cluster.replicas.len();
     (0..count)
         .map(|index| {
