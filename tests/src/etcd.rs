@@ -191,6 +191,11 @@ impl EtcdProcess {
         self.process.kill();
     }
 
+    /// Sends `signal` to etcd by PID (SIGSTOP / SIGCONT pause and resume a member).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        self.process.signal(signal);
+    }
+
     /// `GET /health` over plain HTTP on the client port; true when etcd reports healthy.
     pub fn is_healthy(&self) -> bool {
         http_request(self.client_port, "GET", "/health", "").is_ok_and(|body| body.contains(r#""health":"true""#))
