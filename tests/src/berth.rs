@@ -97,6 +97,11 @@ impl BerthProcess {
         Ok(())
     }
 
+    /// The shared channel to this process (for clients of other services).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
     pub fn workspace_client(&self) -> WorkspaceServiceClient<Channel> {
         WorkspaceServiceClient::new(self.channel.clone()).max_decoding_message_size(64 * 1024 * 1024)
     }

@@ -10,7 +10,9 @@ use berth_control_plane::keys::Keys;
 use berth_control_plane::records::{self, NodeRecord, WorkspaceRecord};
 use berth_control_plane::registry::Registry;
 use berth_control_plane::registry::etcd::EtcdRegistry;
+use berth_proto::meta::ErrorKind;
 use berth_proto::v1;
+use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_workspace::WorkspaceId;
 use tempfile::TempDir;
 
@@ -69,6 +71,19 @@ pub struct Node {
     pub data_dir: PathBuf,
 }
 
+impl Node {
+    /// True when the node answers a workspace call as a serving node: "not provisioned
+    /// here" (wrong generation) rather than "fenced".
+    pub async fn is_serving(&self) -> bool {
+        let mut client = NodeAgentServiceClient::new(self.server.channel());
+        let probe = v1::StatRequest { workspace_id: "ws-serving-probe".into(), path: String::new() };
+        match client.stat(probe).await {
+            Err(status) => ErrorKind::of(&status) == Some(ErrorKind::WrongGeneration),
+            Ok(_) => false,
+        }
+    }
+}
+
 pub struct Cluster {
     pub config: ClusterConfig,
     pub prefix: String,
@@ -93,7 +108,21 @@ impl Cluster {
             cluster.nodes.push(node);
         }
         cluster.wait_nodes_listed(config.nodes, Duration::from_secs(20)).await?;
+        cluster.wait_nodes_serving(Duration::from_secs(20)).await?;
         Ok(cluster)
+    }
+
+    /// Waits until every node serves workspace calls. Listed is not yet serving: a node lifts
+    /// its startup fence when the registration answer reaches it, a moment after its record
+    /// appears; a provision in between is refused and retried at the next generation.
+    pub async fn wait_nodes_serving(&self, timeout: Duration) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            let serving = wait_until(timeout, || node.is_serving()).await;
+            if !serving {
+                anyhow::bail!("{} is listed but does not serve\n{}", node.id, self.logs(20));
+            }
+        }
+        Ok(())
     }
 
     fn replica_args(&self, index: usize) -> Vec<String> {
