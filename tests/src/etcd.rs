@@ -213,6 +213,18 @@ impl EtcdProcess {
     }
 }
 
+impl Drop for EtcdProcess {
+    /// A failing test keeps its processes' directories for their logs; for etcd that would
+    /// include 100+ MB of preallocated WAL per member, so the data directory goes (after
+    /// etcd is dead) and the log stays.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.process.kill();
+            let _ = std::fs::remove_dir_all(self.process.dir().join("data"));
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberStatus {
     pub member_id: String,

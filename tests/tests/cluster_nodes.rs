@@ -214,8 +214,12 @@ async fn a_paused_node_fences_itself_registers_anew_and_drops_moved_copies() {
     let after = cluster.node_record(registry.as_ref(), &paused_id).await.expect("read").expect("node record");
     assert_ne!(after.lease_id, before.lease_id, "a lapsed lease cannot be continued");
 
+    // The directory goes first, then the node logs the removal: wait for both.
     let expected = vec![(other_id.clone(), workspace_id.clone())];
-    let dropped = wait_until(Duration::from_secs(10), || async { cluster.workspace_dirs() == expected }).await;
+    let dropped = wait_until(Duration::from_secs(10), || async {
+        cluster.workspace_dirs() == expected && paused.server.log()[resumed_at..].contains("removed a copy superseded")
+    })
+    .await;
     assert!(dropped, "workspace dirs {:?}, expected {expected:?}\n{}", cluster.workspace_dirs(), cluster.logs(30));
 
     // In the paused node's log after SIGCONT: fenced first, then serving again, then the
