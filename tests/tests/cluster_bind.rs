@@ -152,9 +152,11 @@ async fn killing_the_lock_holder_mid_provision_still_binds_one_workspace() {
     }
     assert!(failures.is_empty(), "callers on surviving replicas failed: {failures:?}\n{}", cluster.logs(40));
     assert_eq!(workspace_ids.into_iter().collect::<Vec<_>>(), vec![workspace_id.clone()]);
-    // The lock frees within the lease TTL; the next holder provisions once more (the node
-    // may first finish the dead holder's provision, which holds the same per-workspace lock).
-    let bound = REPLICA_LEASE_TTL + PROVISION_DELAY * 2 + Duration::from_secs(3);
+    // The lock frees within the lease TTL, then the next holder provisions once. (The dead
+    // holder's provision does not hold the node up: its connection died with it, and the
+    // node dropped that call while it was still waiting out the delay.)
+    let bound = REPLICA_LEASE_TTL + PROVISION_DELAY + Duration::from_secs(3);
+    eprintln!("the last surviving caller got its session {slowest:?} after the kill (bound {bound:?})");
     assert!(slowest <= bound, "the last surviving caller took {slowest:?} after the kill (bound {bound:?})");
 
     let record = cluster.workspace_record(registry.as_ref(), &workspace_id).await.expect("read").expect("record");
