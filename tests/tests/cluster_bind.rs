@@ -130,6 +130,12 @@ async fn killing_the_lock_holder_mid_provision_still_binds_one_workspace() {
     .await
     .unwrap_or_else(|| panic!("no replica took the bind lock of {workspace_id}\n{}", cluster.logs(30)));
     let holder_index = cluster.replicas.iter().position(|replica| replica.id == holder).expect("a cluster replica");
+    // Kill it while a node is provisioning for it (the node logs the start).
+    let provisioning = wait_until(Duration::from_secs(10), || async {
+        cluster.nodes.iter().any(|node| node.server.log().contains(&format!("provisioning ws_id={workspace_id}")))
+    })
+    .await;
+    assert!(provisioning, "the holder's provision never reached a node\n{}", cluster.logs(30));
     cluster.replicas[holder_index].server.kill();
     let killed_at = Instant::now();
 
@@ -212,6 +218,12 @@ async fn a_copy_left_by_a_stalled_holder_goes_when_its_node_returns() {
     })
     .await;
     assert_eq!(holder.as_deref(), Some(cluster.replicas[stalled].id.as_str()), "{}", cluster.logs(30));
+    // Stall the holder only once its Provision reached a node (the node logs its start).
+    let reached = wait_until(Duration::from_secs(10), || async {
+        cluster.nodes.iter().any(|node| node.server.log().contains(&format!("provisioning ws_id={workspace_id}")))
+    })
+    .await;
+    assert!(reached, "the holder's provision never reached a node\n{}", cluster.logs(30));
     cluster.replicas[stalled].server.process.signal(Signal::SIGSTOP);
 
     // The node finishes the stalled holder's provision; then it dies.
