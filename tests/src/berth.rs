@@ -64,18 +64,27 @@ pub struct BerthProcess {
 }
 
 impl BerthProcess {
-    /// Starts `berth <args> --listen 127.0.0.1:<free port>` and waits until it serves.
+    /// Starts `berth <args> --listen 127.0.0.1:<free port>` and waits until it serves. A port
+    /// taken by another process between our probe and the bind (tests run in parallel) is
+    /// retried with a fresh one.
     pub async fn start(name: &str, args: Vec<String>) -> anyhow::Result<Self> {
-        let port = free_port()?;
-        let mut all = args;
-        all.push("--listen".into());
-        all.push(format!("127.0.0.1:{port}"));
-        let spec = ProcessSpec::new(name, berth_binary()).args(all).env("RUST_LOG", "info,berth=debug");
-        let process = ManagedProcess::spawn(spec)?;
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let started = Self { channel: channel(&endpoint), process, endpoint };
-        started.wait_serving().await?;
-        Ok(started)
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            let port = free_port()?;
+            let mut all = args.clone();
+            all.push("--listen".into());
+            all.push(format!("127.0.0.1:{port}"));
+            let spec = ProcessSpec::new(name, berth_binary()).args(all).env("RUST_LOG", "info,berth=debug");
+            let process = ManagedProcess::spawn(spec)?;
+            let endpoint = format!("http://127.0.0.1:{port}");
+            let started = Self { channel: channel(&endpoint), process, endpoint };
+            match started.wait_serving().await {
+                Ok(()) => return Ok(started),
+                Err(_) if attempt < ATTEMPTS && started.log().contains("Address already in use") => attempt += 1,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     async fn wait_serving(&self) -> anyhow::Result<()> {
