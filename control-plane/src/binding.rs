@@ -402,11 +402,15 @@ impl Binder {
         Ok(())
     }
 
-    /// Deletes the lock if it is still ours.
+    /// Deletes the lock if it is still ours. When etcd does not answer, the release is
+    /// retried in the background: the lock hangs on this replica's lease, which lives as long
+    /// as the replica does, so a lock left behind would make every bind of the workspace, on
+    /// every replica, wait for this replica to die.
     pub(crate) async fn release_lock(&self, lock_key: &str, fence: i64) {
         let txn = Txn::new().when([Compare::create_revision(lock_key, fence)]).and_then([TxnOp::delete(lock_key)]);
         if let Err(error) = self.registry.txn(txn).await {
-            tracing::warn!(lock = lock_key, %error, "releasing a bind lock failed; it goes with the replica lease");
+            tracing::warn!(lock = lock_key, %error, "releasing a bind lock failed; retrying in the background");
+            keep_releasing(Arc::clone(&self.registry), lock_key.to_owned(), OwnLock::Fence(fence));
         }
     }
 
@@ -425,10 +429,16 @@ impl Binder {
         let holder = format!("{}/{:016x}", self.config.replica_id, rand::random::<u64>());
         match self.registry.create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id()).await {
             Ok(outcome) => Ok(outcome),
-            Err(error) if error.is_retryable() => match self.registry.get(&lock_key).await? {
-                Some(lock) if lock.value == holder.as_bytes() => Ok(Ok(lock.create_revision)),
-                Some(lock) => Ok(Err(lock)),
-                None => Err(error.into()),
+            Err(error) if error.is_retryable() => match self.registry.get(&lock_key).await {
+                Ok(Some(lock)) if lock.value == holder.as_bytes() => Ok(Ok(lock.create_revision)),
+                Ok(Some(lock)) => Ok(Err(lock)),
+                Ok(None) => Err(error.into()),
+                // Still unknown whether the create landed: if it did, the lock is ours and
+                // nobody else will ever delete it.
+                Err(read_error) => {
+                    keep_releasing(Arc::clone(&self.registry), lock_key, OwnLock::Value(Bytes::from(holder)));
+                    Err(read_error.into())
+                }
             },
             Err(error) => Err(error.into()),
         }
@@ -461,4 +471,40 @@ impl Binder {
         // The watch broke: look again from the top.
         Ok(WaitOutcome::LockReleased)
     }
+}
+
+/// How a bind lock this replica may still hold is recognised.
+enum OwnLock {
+    /// We hold it; its create revision.
+    Fence(i64),
+    /// We may hold it: its value would be this (replica id and a nonce of ours).
+    Value(Bytes),
+}
+
+/// Deletes a lock of ours in the background once etcd answers again, with capped backoff.
+/// Safe at any later time: the delete compares the create revision, so a newer lock on the
+/// same key (ours or another replica's) is never touched.
+fn keep_releasing(registry: RegistryRef, lock_key: String, own: OwnLock) {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            let fence = match &own {
+                OwnLock::Fence(fence) => *fence,
+                OwnLock::Value(value) => match registry.get(&lock_key).await {
+                    Ok(Some(lock)) if lock.value == *value => lock.create_revision,
+                    // Gone, or someone else's: nothing of ours to release.
+                    Ok(_) => return,
+                    Err(_) => continue,
+                },
+            };
+            let txn =
+                Txn::new().when([Compare::create_revision(&lock_key, fence)]).and_then([TxnOp::delete(&lock_key)]);
+            if registry.txn(txn).await.is_ok() {
+                tracing::info!(lock = %lock_key, "released a bind lock after retrying");
+                return;
+            }
+        }
+    });
 }

@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::ControlPlaneConfig;
 use crate::keys::Keys;
-use crate::records::{self, NodeLoadRecord, NodeRecord, RECORD_VERSION, now_ms};
+use crate::records::{self, NodeLoadRecord, NodeRecord, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
 use crate::registry::{LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
 use crate::view::ReplicaView;
 
@@ -247,21 +247,77 @@ impl NodeSession {
         }
     }
 
-    /// Local copies that a newer placement has superseded (the record's generation is
-    /// higher than the node's): the node should remove them. A local copy with no record
-    /// or a newer generation than the record may be a bind in flight and is left alone.
+    /// Local copies that a newer placement has superseded: the node should remove them. A
+    /// local copy with no record or a newer generation than the record may be a bind in
+    /// flight and is left alone.
     fn stale_workspaces(&self, report: &v1::HeartbeatReport) -> Vec<v1::DestroyStale> {
         report
             .workspaces
             .iter()
             .filter(|local| {
-                self.view.workspace(&local.workspace_id).is_some_and(|entry| entry.record.generation > local.generation)
+                self.view
+                    .workspace(&local.workspace_id)
+                    .is_some_and(|entry| superseded(&entry.record, &self.record.node_id, local.generation))
             })
             .map(|local| v1::DestroyStale { workspace_id: local.workspace_id.clone(), generation: local.generation })
             .collect()
     }
 }
 
+/// Whether a copy of a workspace at `local_generation` on `node_id` is superseded by the
+/// stored record. A bind provisions above the generation of the record it read, so a copy
+/// at the record's own generation is the recorded placement only on the recorded node;
+/// elsewhere it was made for a holder that died (or stalled and lost its lock) before
+/// recording it, after which another holder placed the workspace from the same record.
+fn superseded(record: &WorkspaceRecord, node_id: &str, local_generation: u64) -> bool {
+    record.generation > local_generation
+        || (record.generation == local_generation
+            && matches!(record.state, StoredState::Ready | StoredState::Idle)
+            && record.node_id.as_deref() != Some(node_id))
+}
+
 fn registry_status(error: RegistryError) -> Status {
     Status::from(crate::error::ControlPlaneError::from(error))
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_workspace::{WorkspaceId, WorkspaceSpec};
+
+    use super::*;
+    use crate::policy::IsolationPolicy;
+
+    fn record(state: StoredState, node_id: Option<&str>, generation: u64) -> WorkspaceRecord {
+        WorkspaceRecord {
+            version: RECORD_VERSION,
+            id: WorkspaceId::new("ws-1").unwrap(),
+            owner: "u".into(),
+            agent: "a".into(),
+            policy: IsolationPolicy::PerAgent,
+            backend: "local".into(),
+            spec: WorkspaceSpec::default(),
+            state,
+            node_id: node_id.map(str::to_owned),
+            generation,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            failure: None,
+            changed_by: String::new(),
+            shared_with: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn copies_are_superseded_by_newer_or_other_placements_only() {
+        let ready_on_b = record(StoredState::Ready, Some("node-b"), 3);
+        assert!(superseded(&ready_on_b, "node-a", 2), "older generation elsewhere");
+        assert!(superseded(&ready_on_b, "node-b", 2), "older generation here");
+        assert!(superseded(&ready_on_b, "node-a", 3), "same generation, placed elsewhere");
+        assert!(!superseded(&ready_on_b, "node-b", 3), "the recorded placement");
+        assert!(!superseded(&ready_on_b, "node-a", 4), "a bind in flight");
+        assert!(superseded(&record(StoredState::Idle, Some("node-b"), 3), "node-a", 3));
+        // A failed attempt's record keeps the previous node: it says nothing about where
+        // its own generation was provisioned.
+        assert!(!superseded(&record(StoredState::Failed, Some("node-b"), 3), "node-a", 3));
+    }
 }

@@ -64,11 +64,8 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
     /// large view is linear overall.
     pub fn page(&self, after: &str, limit: usize, mut keep: impl FnMut(&T) -> bool) -> (Vec<Entry<T>>, bool) {
         let entries = self.read();
-        let start = if after.is_empty() {
-            std::ops::Bound::Unbounded
-        } else {
-            std::ops::Bound::Excluded(after.to_owned())
-        };
+        let start =
+            if after.is_empty() { std::ops::Bound::Unbounded } else { std::ops::Bound::Excluded(after.to_owned()) };
         let mut page = Vec::new();
         for (_, entry) in entries.range((start, std::ops::Bound::Unbounded)) {
             if !keep(&entry.record) {

@@ -148,6 +148,13 @@ impl Heartbeater {
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(SessionEnd::Shutdown),
                 _ = ticker.tick() => {
+                    // The watchdog fenced us while this stream lives on (acks came too late,
+                    // e.g. while etcd elected a leader). Only a registration lifts a fence,
+                    // so end the stream and register again rather than stay fenced forever.
+                    if self.fence.is_fenced() {
+                        tracing::info!(node_id = %self.config.node_id, "fenced by the watchdog; registering again");
+                        return Ok(SessionEnd::Fenced);
+                    }
                     seq += 1;
                     sent.insert(seq, Instant::now());
                     // Reports older than a few intervals will never be acknowledged.
@@ -219,7 +226,10 @@ impl Heartbeater {
     }
 }
 
-/// Fences the node when no heartbeat was acknowledged for a lease TTL.
+/// Fences the node when no heartbeat was acknowledged for a lease TTL. The lease id is
+/// kept: the lease may well be alive (etcd extends leases across a leader change), and the
+/// next registration presents it, so the replica continues it if it still exists — then no
+/// replica can have seen the node leave — or grants a new one with a new generation.
 async fn watchdog(lease: Arc<Mutex<LeaseState>>, fence: Arc<Fence>, cancel: CancellationToken) {
     loop {
         tokio::select! {
@@ -229,7 +239,6 @@ async fn watchdog(lease: Arc<Mutex<LeaseState>>, fence: Arc<Fence>, cancel: Canc
         let mut state = lease.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let expired = state.renewed_at.is_some_and(|renewed| renewed.elapsed() >= state.lease_ttl);
         if expired {
-            state.lease_id = 0;
             state.renewed_at = None;
             drop(state);
             if fence.fence() {

@@ -109,6 +109,7 @@ impl NodeAgentService for NodeAgentApi {
         let id = workspace_id(&request.workspace_id)?;
         let spec = spec_from_proto(request.spec);
         spec.validate().map_err(status)?;
+        tracing::debug!(ws_id = %id, generation = request.generation, "provisioning");
         let provisioned =
             self.workspaces.provision(&id, request.generation, &request.backend, &spec).await.map_err(status)?;
         tracing::info!(ws_id = %id, generation = request.generation, backend = %provisioned.backend, created = provisioned.created, "provisioned");

@@ -5,9 +5,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use berth_proto::v1;
 use berth_proto::v1::admin_service_client::AdminServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use futures::StreamExt;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
 
 use crate::process::{ManagedProcess, ProcessSpec, free_port, wait_until};
 
@@ -65,19 +68,31 @@ pub struct BerthProcess {
     pub process: ManagedProcess,
     /// `http://127.0.0.1:<port>` it serves on.
     pub endpoint: String,
+    /// One lazily connected channel shared by every client of this process (made on the
+    /// test's runtime, like the process handle itself).
+    channel: Channel,
 }
 
 impl BerthProcess {
-    /// Starts `berth <args> --listen 127.0.0.1:<free port>` and waits until it serves.
+    /// Starts `berth <args> --listen 127.0.0.1:<free port>` and waits until it serves. A port
+    /// taken by another process between our probe and the bind (tests run in parallel) is
+    /// retried with a fresh one.
     pub async fn start(name: &str, args: Vec<String>) -> anyhow::Result<Self> {
         Self::start_with_log(name, args, DEFAULT_LOG_FILTER).await
     }
 
     /// [`BerthProcess::start`] with `RUST_LOG=<log_filter>` (benchmarks log less).
     pub async fn start_with_log(name: &str, args: Vec<String>, log_filter: &str) -> anyhow::Result<Self> {
-        let started = Self::spawn(name, args, log_filter)?;
-        started.wait_serving().await?;
-        Ok(started)
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            let started = Self::spawn(name, args.clone(), log_filter)?;
+            match started.wait_serving().await {
+                Ok(()) => return Ok(started),
+                Err(_) if attempt < ATTEMPTS && started.log().contains("Address already in use") => attempt += 1,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// Starts `berth <args> --listen 127.0.0.1:<free port>` without waiting for it to serve
@@ -90,7 +105,7 @@ impl BerthProcess {
         let spec = ProcessSpec::new(name, berth_binary()).args(all).env("RUST_LOG", log_filter);
         let process = ManagedProcess::spawn(spec)?;
         let endpoint = format!("http://127.0.0.1:{port}");
-        Ok(Self { process, endpoint })
+        Ok(Self { channel: channel(&endpoint), process, endpoint })
     }
 
     /// Waits until the process serves (or fails with its log tail when it exits or takes
@@ -114,12 +129,68 @@ impl BerthProcess {
         Ok(())
     }
 
+    /// The shared channel to this process (for clients of other services).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
     pub fn workspace_client(&self) -> WorkspaceServiceClient<Channel> {
-        WorkspaceServiceClient::new(channel(&self.endpoint)).max_decoding_message_size(64 * 1024 * 1024)
+        WorkspaceServiceClient::new(self.channel.clone()).max_decoding_message_size(64 * 1024 * 1024)
     }
 
     pub fn admin_client(&self) -> AdminServiceClient<Channel> {
-        AdminServiceClient::new(channel(&self.endpoint))
+        AdminServiceClient::new(self.channel.clone())
+    }
+
+    /// `CreateSession` for `(user, agent)` with the node's default backend.
+    pub async fn create_session(&self, user: &str, agent: &str) -> Result<v1::Session, Status> {
+        let request = v1::CreateSessionRequest { user_id: user.into(), agent_id: agent.into(), ..Default::default() };
+        Ok(self.workspace_client().create_session(request).await?.into_inner())
+    }
+
+    pub async fn get_workspace(&self, workspace_id: &str) -> Result<v1::Workspace, Status> {
+        let request = v1::GetWorkspaceRequest { workspace_id: workspace_id.into() };
+        Ok(self.workspace_client().get_workspace(request).await?.into_inner())
+    }
+
+    /// The state of a workspace as this replica reports it.
+    pub async fn workspace_state(&self, workspace_id: &str) -> Result<v1::WorkspaceState, Status> {
+        Ok(self.get_workspace(workspace_id).await?.state())
+    }
+
+    pub async fn exec(&self, workspace_id: &str, argv: &[&str]) -> Result<v1::ExecResult, Status> {
+        let request = v1::ExecRequest {
+            workspace_id: workspace_id.into(),
+            argv: argv.iter().map(|arg| (*arg).to_owned()).collect(),
+            timeout_ms: 10_000,
+            ..Default::default()
+        };
+        Ok(self.workspace_client().exec(request).await?.into_inner())
+    }
+
+    /// Writes `data` to `path` in one chunk.
+    pub async fn write_file(&self, workspace_id: &str, path: &str, data: &[u8]) -> Result<u64, Status> {
+        let header = v1::WriteFileHeader { workspace_id: workspace_id.into(), path: path.into(), mode: 0 };
+        let messages = vec![
+            v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Header(header)) },
+            v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(data.to_vec())) },
+        ];
+        Ok(self.workspace_client().write_file(futures::stream::iter(messages)).await?.into_inner().bytes_written)
+    }
+
+    pub async fn read_file(&self, workspace_id: &str, path: &str) -> Result<Vec<u8>, Status> {
+        let request = v1::ReadFileRequest { workspace_id: workspace_id.into(), path: path.into(), chunk_size: 0 };
+        let mut chunks = self.workspace_client().read_file(request).await?.into_inner();
+        let mut data = Vec::new();
+        while let Some(chunk) = chunks.next().await {
+            data.extend(chunk?.data);
+        }
+        Ok(data)
+    }
+
+    /// The nodes this replica lists (its view of live nodes), sorted by id.
+    pub async fn list_nodes(&self) -> Result<Vec<v1::NodeInfo>, Status> {
+        Ok(self.admin_client().list_nodes(v1::ListNodesRequest {}).await?.into_inner().nodes)
     }
 
     pub fn pid(&self) -> u32 {
@@ -136,6 +207,34 @@ impl BerthProcess {
 
     pub fn log(&self) -> String {
         self.process.log()
+    }
+}
+
+/// Whether a failed call may succeed when tried again: the server marked it retryable, or
+/// the transport could not deliver it or did not hear back in time.
+pub fn is_transient(status: &Status) -> bool {
+    berth_proto::meta::is_retryable(status)
+        || matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Aborted)
+}
+
+/// Calls `call` until it succeeds, a non-transient error comes back, or `window` has passed
+/// since the first attempt (then the last error). Returns the outcome and the number of
+/// attempts. Pauses 100 ms between attempts.
+pub async fn retry_transient<T, F, Fut>(window: Duration, mut call: F) -> (Result<T, Status>, u32)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
+    let deadline = tokio::time::Instant::now() + window;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match call().await {
+            Err(status) if is_transient(&status) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            outcome => return (outcome, attempts),
+        }
     }
 }
 

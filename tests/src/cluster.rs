@@ -2,10 +2,18 @@
 //! `berth node-agent`s on an etcd, under a random key prefix so clusters can share one etcd.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use berth_control_plane::keys::Keys;
+use berth_control_plane::records::{self, NodeRecord, WorkspaceRecord};
+use berth_control_plane::registry::Registry;
+use berth_control_plane::registry::etcd::EtcdRegistry;
+use berth_proto::meta::ErrorKind;
 use berth_proto::v1;
+use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
+use berth_workspace::WorkspaceId;
 use tempfile::TempDir;
 
 use crate::berth::{BerthProcess, DEFAULT_LOG_FILTER};
@@ -45,6 +53,12 @@ impl ClusterConfig {
             log_filter: DEFAULT_LOG_FILTER.to_owned(),
         }
     }
+
+    /// A cluster on the test binary's shared etcd ([`crate::etcd::shared`]); the cluster's
+    /// random key prefix keeps it apart from other clusters there.
+    pub fn on_shared_etcd(replicas: usize, nodes: usize) -> Self {
+        Self::new(vec![crate::etcd::shared().endpoint()], replicas, nodes)
+    }
 }
 
 /// A replica process with its id.
@@ -58,6 +72,19 @@ pub struct Node {
     pub id: String,
     pub server: BerthProcess,
     pub data_dir: PathBuf,
+}
+
+impl Node {
+    /// True when the node answers a workspace call as a serving node: "not provisioned
+    /// here" (wrong generation) rather than "fenced".
+    pub async fn is_serving(&self) -> bool {
+        let mut client = NodeAgentServiceClient::new(self.server.channel());
+        let probe = v1::StatRequest { workspace_id: "ws-serving-probe".into(), path: String::new() };
+        match client.stat(probe).await {
+            Err(status) => ErrorKind::of(&status) == Some(ErrorKind::WrongGeneration),
+            Ok(_) => false,
+        }
+    }
 }
 
 pub struct Cluster {
@@ -84,7 +111,21 @@ impl Cluster {
             cluster.nodes.push(node);
         }
         cluster.wait_nodes_listed(config.nodes, Duration::from_secs(20)).await?;
+        cluster.wait_nodes_serving(Duration::from_secs(20)).await?;
         Ok(cluster)
+    }
+
+    /// Waits until every node serves workspace calls. Listed is not yet serving: a node lifts
+    /// its startup fence when the registration answer reaches it, a moment after its record
+    /// appears; a provision in between is refused and retried at the next generation.
+    pub async fn wait_nodes_serving(&self, timeout: Duration) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            let serving = wait_until(timeout, || node.is_serving()).await;
+            if !serving {
+                anyhow::bail!("{} is listed but does not serve\n{}", node.id, self.logs(20));
+            }
+        }
+        Ok(())
     }
 
     fn replica_args(&self, index: usize) -> Vec<String> {
@@ -166,6 +207,71 @@ impl Cluster {
         let replica = self.spawn_replica(index).await?;
         self.replicas[index] = replica;
         Ok(())
+    }
+
+    /// The replica with this id.
+    pub fn replica(&self, id: &str) -> Option<&Replica> {
+        self.replicas.iter().find(|replica| replica.id == id)
+    }
+
+    /// Replicas whose process still runs.
+    pub fn live_replicas(&self) -> Vec<&Replica> {
+        self.replicas.iter().filter(|replica| replica.server.is_running()).collect()
+    }
+
+    /// The node with this id.
+    pub fn node(&self, id: &str) -> Option<&Node> {
+        self.nodes.iter().find(|node| node.id == id)
+    }
+
+    /// The cluster's key layout (the same builder the replicas use).
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.prefix)
+    }
+
+    /// A fresh registry client on the cluster's etcd (a client belongs to the runtime that
+    /// made it, so each test makes its own).
+    pub async fn registry(&self) -> Arc<EtcdRegistry> {
+        crate::etcd::connect(self.config.etcd_endpoints.clone()).await
+    }
+
+    /// The stored workspace record, read from etcd (not through any replica).
+    pub async fn workspace_record(
+        &self,
+        registry: &dyn Registry,
+        workspace_id: &str,
+    ) -> anyhow::Result<Option<WorkspaceRecord>> {
+        let key = self.keys().workspace(&WorkspaceId::new(workspace_id)?);
+        match registry.get(&key).await? {
+            Some(kv) => Ok(Some(records::decode(&key, &kv.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The stored node record, if the node's lease is alive.
+    pub async fn node_record(&self, registry: &dyn Registry, node_id: &str) -> anyhow::Result<Option<NodeRecord>> {
+        let key = self.keys().node(node_id);
+        match registry.get(&key).await? {
+            Some(kv) => Ok(Some(records::decode(&key, &kv.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The replica id holding the bind lock of a workspace: the lock's value is
+    /// `<replica-id>/<nonce>` (see `Binder::acquire_lock`).
+    pub async fn lock_holder(&self, registry: &dyn Registry, workspace_id: &str) -> anyhow::Result<Option<String>> {
+        let key = self.keys().lock(&WorkspaceId::new(workspace_id)?);
+        let Some(kv) = registry.get(&key).await? else { return Ok(None) };
+        let value = String::from_utf8(kv.value.to_vec()).context("lock value is not UTF-8")?;
+        let (replica_id, _nonce) =
+            value.rsplit_once('/').with_context(|| format!("lock value {value:?} is not <replica-id>/<nonce>"))?;
+        Ok(Some(replica_id.to_owned()))
+    }
+
+    /// Lines of a replica's log that mention `needle` (e.g. a workspace id).
+    pub fn replica_log_lines(&self, replica_id: &str, needle: &str) -> Vec<String> {
+        let Some(replica) = self.replica(replica_id) else { return Vec::new() };
+        replica.server.log().lines().filter(|line| line.contains(needle)).map(str::to_owned).collect()
     }
 
     /// Node ids each live replica lists, in replica order (killed replicas give `None`).

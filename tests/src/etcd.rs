@@ -191,6 +191,11 @@ impl EtcdProcess {
         self.process.kill();
     }
 
+    /// Sends `signal` to etcd by PID (SIGSTOP / SIGCONT pause and resume a member).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        self.process.signal(signal);
+    }
+
     /// `GET /health` over plain HTTP on the client port; true when etcd reports healthy.
     pub fn is_healthy(&self) -> bool {
         http_request(self.client_port, "GET", "/health", "").is_ok_and(|body| body.contains(r#""health":"true""#))
@@ -211,6 +216,18 @@ impl EtcdProcess {
             member_id: field(&json["header"]["member_id"]).ok_or_else(|| anyhow!("no member_id in {body}"))?,
             leader_id: field(&json["leader"]).ok_or_else(|| anyhow!("no leader in {body}"))?,
         })
+    }
+}
+
+impl Drop for EtcdProcess {
+    /// A failing test keeps its processes' directories for their logs; for etcd that would
+    /// include 100+ MB of preallocated WAL per member, so the data directory goes (after
+    /// etcd is dead) and the log stays.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.process.kill();
+            let _ = std::fs::remove_dir_all(self.process.dir().join("data"));
+        }
     }
 }
 

@@ -247,3 +247,21 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Polls `probe` every 50 ms until it returns `Some` or `timeout` passes; returns the value.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return Some(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

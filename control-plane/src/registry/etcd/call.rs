@@ -238,6 +238,10 @@ fn map_status(status: &tonic::Status, context: ErrorContext) -> RegistryError {
         Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled => {
             RegistryError::Unavailable(message.to_owned())
         }
+        // A connection that broke mid-request ("transport error"): ambiguous like a timeout
+        // (see `classify_status`), so it must reach callers as retryable — they re-read on
+        // retryable errors to learn whether a write landed.
+        Code::Unknown => RegistryError::Unavailable(format!("{message} (the request may have been applied)")),
         Code::NotFound if is_lease_not_found(message) => RegistryError::LeaseNotFound(context.lease),
         Code::OutOfRange if message.contains("compacted") => RegistryError::Compacted {
             requested: context.revision,
@@ -272,6 +276,21 @@ mod tests {
         assert_eq!(classify_status(&refused), Delivery::NotDelivered);
         let invalid = tonic::Status::invalid_argument("etcdserver: duplicate key given");
         assert_eq!(classify_status(&invalid), Delivery::Final);
+    }
+
+    #[test]
+    fn ambiguous_failures_map_to_retryable_errors() {
+        // What tonic reports when the member's connection breaks mid-request (seen when the
+        // etcd leader is killed): the write may have been applied.
+        for status in [
+            tonic::Status::unknown("transport error"),
+            tonic::Status::unavailable("etcdserver: request timed out"),
+            tonic::Status::cancelled("request cancelled"),
+        ] {
+            assert_ne!(classify_status(&status), Delivery::Final, "{status:?}");
+            let error = map_error(etcd_client::Error::GRpcStatus(status), ErrorContext::default());
+            assert!(error.is_retryable(), "{error}");
+        }
     }
 
     #[tokio::test]
