@@ -269,11 +269,17 @@ impl NodeSession {
 /// at the record's own generation is the recorded placement only on the recorded node;
 /// elsewhere it was made for a holder that died (or stalled and lost its lock) before
 /// recording it, after which another holder placed the workspace from the same record.
+///
+/// Only a committed placement (READY or IDLE) supersedes anything. A FAILED record carries
+/// the failed attempt's generation but the *previous* node id: the data of an IDLE
+/// workspace whose wake-up failed still lives on that node at a lower generation and must
+/// survive until a later bind succeeds.
 fn superseded(record: &WorkspaceRecord, node_id: &str, local_generation: u64) -> bool {
+    if !matches!(record.state, StoredState::Ready | StoredState::Idle) {
+        return false;
+    }
     record.generation > local_generation
-        || (record.generation == local_generation
-            && matches!(record.state, StoredState::Ready | StoredState::Idle)
-            && record.node_id.as_deref() != Some(node_id))
+        || (record.generation == local_generation && record.node_id.as_deref() != Some(node_id))
 }
 
 fn registry_status(error: RegistryError) -> Status {
@@ -317,7 +323,11 @@ mod tests {
         assert!(!superseded(&ready_on_b, "node-a", 4), "a bind in flight");
         assert!(superseded(&record(StoredState::Idle, Some("node-b"), 3), "node-a", 3));
         // A failed attempt's record keeps the previous node: it says nothing about where
-        // its own generation was provisioned.
+        // its own generation was provisioned, and must not remove the data it left behind.
         assert!(!superseded(&record(StoredState::Failed, Some("node-b"), 3), "node-a", 3));
+        assert!(
+            !superseded(&record(StoredState::Failed, Some("node-b"), 4), "node-b", 3),
+            "failed wake-up keeps the data"
+        );
     }
 }

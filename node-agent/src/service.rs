@@ -110,8 +110,19 @@ impl NodeAgentService for NodeAgentApi {
         let spec = spec_from_proto(request.spec);
         spec.validate().map_err(status)?;
         tracing::debug!(ws_id = %id, generation = request.generation, "provisioning");
+        // Run to completion even if the caller goes away: a provision cancelled between
+        // creating the directory and writing the state file would leave a directory the
+        // node never reports or cleans up. A copy nobody records is removed later by the
+        // heartbeat reconciliation.
+        let workspaces = Arc::clone(&self.workspaces);
+        let task_id = id.clone();
         let provisioned =
-            self.workspaces.provision(&id, request.generation, &request.backend, &spec).await.map_err(status)?;
+            tokio::spawn(
+                async move { workspaces.provision(&task_id, request.generation, &request.backend, &spec).await },
+            )
+            .await
+            .map_err(|error| Status::internal(format!("provision task failed: {error}")))?
+            .map_err(status)?;
         tracing::info!(ws_id = %id, generation = request.generation, backend = %provisioned.backend, created = provisioned.created, "provisioned");
         Ok(Response::new(v1::ProvisionResponse { created: provisioned.created, backend: provisioned.backend }))
     }
