@@ -325,7 +325,10 @@ impl McpService {
             Ok(Ok(tools)) => tools,
             Ok(Err(error)) => return Err(self.call_failed(workspace, name, error).await),
             Err(_) => {
-                return Err(WorkspaceError::Timeout { operation: "mcp list tools", millis: timeout.as_millis() as u64 });
+                return Err(WorkspaceError::Timeout {
+                    operation: "mcp list tools",
+                    millis: timeout.as_millis() as u64,
+                });
             }
         };
         Ok(tools

@@ -5,17 +5,18 @@
 //! (SHA-256), and re-parsed only when its content really differs. [`SkillIndex::hashes`]
 //! counts the hashing, so a test can show that a second listing hashes nothing.
 //!
-//! Racy-clean guard (git's problem): a file rewritten within the timestamp granularity
-//! keeps its mtime. Host backends report nanoseconds, which is trusted; a whole-second
-//! mtime (the POSIX `stat -c %Y` fallback) is trusted only once it is older than the
-//! moment it was last hashed.
+//! Limitation (git's "racily clean" problem): a SKILL.md rewritten with the same size
+//! within the timestamp granularity keeps its (mtime, size) and is not noticed until it
+//! changes again. Host backends report nanosecond mtimes, which makes that practically
+//! impossible; the POSIX fallback (`stat -c %Y`, used by backends without a host view)
+//! has whole seconds.
 //!
 //! Rebuilt at start: everything (the first listing after a restart hashes every skill).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
@@ -53,7 +54,6 @@ impl SkillInfo {
 struct Cached {
     modified: Option<SystemTime>,
     size: u64,
-    hashed_at: SystemTime,
     info: SkillInfo,
 }
 
@@ -102,13 +102,11 @@ impl SkillIndex {
                 Err(error) => return Err(error),
             };
             let cached = self.cached(&name);
-            let trusted = cached.as_ref().is_some_and(|cached| {
-                cached.modified == stat.modified && cached.size == stat.size && !racy(stat.modified, cached.hashed_at)
-            });
+            let trusted =
+                cached.as_ref().is_some_and(|cached| cached.modified == stat.modified && cached.size == stat.size);
             let entry = match (cached, trusted) {
                 (Some(cached), true) => cached,
                 (cached, _) => {
-                    let hashed_at = SystemTime::now();
                     let bytes = match backend.read_to_bytes(&file, MAX_SKILL_FILE_BYTES).await {
                         Ok(bytes) => bytes,
                         Err(WorkspaceError::NotFound { .. }) => continue,
@@ -121,7 +119,7 @@ impl SkillIndex {
                         Some(cached) if cached.info.sha256 == digest => cached.info,
                         _ => SkillInfo::from_text(&name, &entry.path, &String::from_utf8_lossy(&bytes)),
                     };
-                    Cached { modified: stat.modified, size: stat.size, hashed_at, info }
+                    Cached { modified: stat.modified, size: stat.size, info }
                 }
             };
             listed.push(entry.info.clone());
@@ -131,19 +129,5 @@ impl SkillIndex {
         *self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
         listed.sort_by(|left, right| left.name.cmp(&right.name));
         Ok(listed)
-    }
-}
-
-/// A whole-second mtime not older than the moment of hashing may hide a later rewrite in
-/// the same second.
-fn racy(modified: Option<SystemTime>, hashed_at: SystemTime) -> bool {
-    match modified {
-        None => true,
-        Some(modified)
-            if modified.duration_since(SystemTime::UNIX_EPOCH).is_ok_and(|since| since.subsec_nanos() == 0) =>
-        {
-            modified + Duration::from_secs(1) > hashed_at
-        }
-        Some(_) => false,
     }
 }
