@@ -113,10 +113,10 @@ pub async fn upload<B: Backend + ?Sized>(
     let stats = extract(backend, &temp, input, limits).await?;
     let placed =
         if existing { merge_into(backend, &temp, dest, overwrite).await } else { backend.rename(&temp, dest).await };
-    if existing || placed.is_err() {
-        if let Err(error) = backend.remove(&temp, true).await {
-            tracing::warn!(dir = %temp, %error, "could not remove an upload's temp dir");
-        }
+    if (existing || placed.is_err())
+        && let Err(error) = backend.remove(&temp, true).await
+    {
+        tracing::warn!(dir = %temp, %error, "could not remove an upload's temp dir");
     }
     placed.map(|()| stats)
 }

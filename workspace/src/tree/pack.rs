@@ -122,7 +122,9 @@ fn header(name: &str, info: &FileInfo, kind: tar::EntryType, size: u64) -> Resul
     let name_bytes = name.as_bytes();
     if name_bytes.len() > NAME_FIELD_BYTES {
         let mut long = tar::Header::new_gnu();
-        long.as_gnu_mut().map(|gnu| gnu.name[..13].copy_from_slice(b"././@LongLink"));
+        if let Some(gnu) = long.as_gnu_mut() {
+            gnu.name[..13].copy_from_slice(b"././@LongLink");
+        }
         long.set_mode(0o644);
         long.set_uid(0);
         long.set_gid(0);
@@ -136,12 +138,11 @@ fn header(name: &str, info: &FileInfo, kind: tar::EntryType, size: u64) -> Resul
         out.extend_from_slice(&vec![0u8; 1 + (BLOCK - written % BLOCK) % BLOCK]);
     }
     let mut header = tar::Header::new_gnu();
-    let field = &mut header.as_gnu_mut().map(|gnu| &mut gnu.name).ok_or_else(|| WorkspaceError::Backend {
-        backend: "tree",
-        message: "gnu header without a name field".into(),
-    })?;
+    let gnu = header
+        .as_gnu_mut()
+        .ok_or_else(|| WorkspaceError::Backend { backend: "tree", message: "gnu header without a name field".into() })?;
     let cut = name_bytes.len().min(NAME_FIELD_BYTES);
-    field[..cut].copy_from_slice(&name_bytes[..cut]);
+    gnu.name[..cut].copy_from_slice(&name_bytes[..cut]);
     header.set_mode(info.mode & 0o7777);
     header.set_uid(0);
     header.set_gid(0);
