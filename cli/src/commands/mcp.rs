@@ -262,3 +262,68 @@ pub async fn run(command: McpCommand, global: &GlobalArgs, io: &mut Io<'_>) -> a
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<McpCommand, clap::Error> {
+        let cli = Cli::try_parse_from(["berth", "mcp"].into_iter().chain(args.iter().copied()))?;
+        match cli.command {
+            Command::Mcp(command) => Ok(command),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn mcp_commands_parse() {
+        let add = parse(&[
+            "add",
+            "ws",
+            "echo",
+            "--command",
+            "bin/x",
+            "--arg",
+            "-v",
+            "--env",
+            "A=1",
+            "--secret-env",
+            "TOKEN=s",
+        ])
+        .unwrap();
+        let McpCommand::Add(args) = add else { panic!("not add") };
+        assert_eq!(args.args, ["-v"]);
+        let env = values(args.env, args.secret_env);
+        assert!(!env["A"].secret && env["TOKEN"].secret);
+        assert!(parse(&["add", "ws", "x"]).is_err(), "needs --command or --url");
+        assert!(parse(&["add", "ws", "x", "--command", "c", "--url", "http://h"]).is_err());
+        assert!(parse(&["add", "ws", "x", "--url", "http://h", "--secret-header", "Authorization=Bearer t"]).is_ok());
+        assert!(
+            matches!(parse(&["call", "ws", "echo", "echo"]).unwrap(), McpCommand::Call { arguments, .. } if arguments == "{}")
+        );
+        assert!(matches!(
+            parse(&["call", "ws", "echo", "sleep", "{\"ms\":1}", "--timeout", "2s"]).unwrap(),
+            McpCommand::Call { timeout: Some(timeout), .. } if timeout == Duration::from_secs(2)
+        ));
+        assert!(matches!(parse(&["tools", "ws", "echo"]).unwrap(), McpCommand::Tools { .. }));
+        assert!(matches!(parse(&["ls", "ws"]).unwrap(), McpCommand::Ls { .. }));
+        assert!(matches!(parse(&["rm", "ws", "echo"]).unwrap(), McpCommand::Rm { .. }));
+    }
+
+    #[test]
+    fn listings_hide_secrets() {
+        let server = McpServer {
+            name: "s".into(),
+            transport: Some(mcp_server::Transport::Http(McpHttp {
+                url: "https://h/mcp".into(),
+                headers: [("authorization".to_owned(), McpValue { value: String::new(), secret: true })].into(),
+            })),
+        };
+        let view = McpServerView::new(&server, true);
+        assert_eq!(view.env_or_headers, ["authorization=<secret>"]);
+        assert_eq!(view.transport, "http");
+    }
+}

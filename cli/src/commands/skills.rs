@@ -140,3 +140,29 @@ pub async fn run(command: SkillsCommand, global: &GlobalArgs, io: &mut Io<'_>) -
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    #[test]
+    fn skills_commands_parse() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(["berth", "skills"].into_iter().chain(args.iter().copied())).unwrap();
+            match cli.command {
+                Command::Skills(command) => command,
+                other => panic!("parsed as {other:?}"),
+            }
+        };
+        assert!(matches!(
+            parse(&["add", "ws", "./skill", "--name", "pdf", "--replace"]),
+            SkillsCommand::Add { name: Some(name), replace: true, .. } if name == "pdf"
+        ));
+        assert!(matches!(parse(&["ls", "ws"]), SkillsCommand::Ls { .. }));
+        assert!(matches!(parse(&["show", "ws", "pdf"]), SkillsCommand::Show { .. }));
+        assert!(matches!(parse(&["rm", "ws", "pdf"]), SkillsCommand::Rm { .. }));
+    }
+}

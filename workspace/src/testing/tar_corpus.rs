@@ -146,6 +146,11 @@ pub fn hostile_corpus() -> Vec<Hostile> {
     // A valid archive cut in the middle of a file.
     let whole = archive(&[file("big.bin", &vec![1u8; 100_000])]);
     corpus.push(Hostile { name: "truncated", input: stream(whole[..50_000].to_vec(), 4096), limits });
+    // A stream that stops cleanly between two entries, without the end marker (a client
+    // that dropped its call looks like this on the wire).
+    let mut cut = file("first.txt", b"1");
+    cut.extend_from_slice(&file("second.txt", b"2"));
+    corpus.push(Hostile { name: "no-end-marker", input: stream(cut, 512), limits });
     // A stream that breaks mid-way (the client went away).
     let broken = futures::stream::iter(vec![
         Ok(Bytes::from(file("a.txt", b"a"))),

@@ -251,6 +251,30 @@ struct CappedReader<R> {
     inner: R,
     remaining: u64,
     exceeded: Arc<AtomicBool>,
+    /// The last block read, to check the end-of-archive marker.
+    tail: Vec<u8>,
+}
+
+impl<R: Read> CappedReader<R> {
+    /// Whether the archive ended with tar's end-of-archive marker: the zero block the
+    /// parser stopped at, then a second one. A stream that merely stops — a client that
+    /// dropped its call mid-upload looks like a clean end on the wire — must not commit a
+    /// partial tree.
+    fn ended_with_marker(mut self) -> bool {
+        if self.tail.len() != 512 || self.tail.iter().any(|&byte| byte != 0) {
+            return false;
+        }
+        let mut second = [0u8; 512];
+        self.read_exact(&mut second).is_ok() && second.iter().all(|&byte| byte == 0)
+    }
+
+    fn remember(&mut self, read: &[u8]) {
+        self.tail.extend_from_slice(&read[read.len().saturating_sub(512)..]);
+        if self.tail.len() > 512 {
+            let excess = self.tail.len() - 512;
+            self.tail.drain(..excess);
+        }
+    }
 }
 
 impl<R: Read> Read for CappedReader<R> {
@@ -269,6 +293,7 @@ impl<R: Read> Read for CappedReader<R> {
         let allowed = buffer.len().min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
         let read = self.inner.read(&mut buffer[..allowed])?;
         self.remaining -= read as u64;
+        self.remember(&buffer[..read]);
         Ok(read)
     }
 }
@@ -322,6 +347,7 @@ fn parse(reader: ChannelReader, dest: &RelPath, limits: TreeLimits, items: &mpsc
         inner: decoded,
         remaining: limits.max_bytes.saturating_add(limits.framing_allowance()),
         exceeded: exceeded.clone(),
+        tail: Vec::with_capacity(512),
     };
     let mut archive = tar::Archive::new(capped);
     let mut seen = Seen::default();
@@ -361,6 +387,11 @@ fn parse(reader: ChannelReader, dest: &RelPath, limits: TreeLimits, items: &mpsc
                 }
             }
         }
+    }
+    if !archive.into_inner().ended_with_marker() {
+        return Err(WorkspaceError::InvalidArgument(
+            "the archive ended without its end-of-archive marker (truncated or interrupted upload)".into(),
+        ));
     }
     Ok(())
 }

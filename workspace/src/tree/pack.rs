@@ -138,9 +138,10 @@ fn header(name: &str, info: &FileInfo, kind: tar::EntryType, size: u64) -> Resul
         out.extend_from_slice(&vec![0u8; 1 + (BLOCK - written % BLOCK) % BLOCK]);
     }
     let mut header = tar::Header::new_gnu();
-    let gnu = header
-        .as_gnu_mut()
-        .ok_or_else(|| WorkspaceError::Backend { backend: "tree", message: "gnu header without a name field".into() })?;
+    let gnu = header.as_gnu_mut().ok_or_else(|| WorkspaceError::Backend {
+        backend: "tree",
+        message: "gnu header without a name field".into(),
+    })?;
     let cut = name_bytes.len().min(NAME_FIELD_BYTES);
     gnu.name[..cut].copy_from_slice(&name_bytes[..cut]);
     header.set_mode(info.mode & 0o7777);

@@ -108,3 +108,36 @@ pub async fn pull(
     emit_message(io, global.output, &json, &message).await?;
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushed_directories_keep_their_name() {
+        assert_eq!(default_destination(Path::new("/home/me/project")), "project");
+        assert_eq!(default_destination(Path::new("project/")), "project");
+    }
+
+    #[tokio::test]
+    async fn pack_and_unpack_round_trip() {
+        let source = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(source.path().join("a/b")).unwrap();
+        std::fs::write(source.path().join("a/b/f.txt"), b"hello").unwrap();
+        let (sender, mut chunks) = mpsc::channel(4);
+        pack_dir(source.path().to_path_buf(), sender);
+        let (forward, receiver) = mpsc::channel(4);
+        let target = tempfile::tempdir().unwrap();
+        let dir = target.path().join("out");
+        let unpack = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            move || unpack_into(ChunkReader { receiver, current: Vec::new(), offset: 0 }, &dir)
+        });
+        while let Some(chunk) = chunks.recv().await {
+            forward.send(chunk.unwrap()).await.unwrap();
+        }
+        drop(forward);
+        unpack.await.unwrap().unwrap();
+        assert_eq!(std::fs::read(dir.join("a/b/f.txt")).unwrap(), b"hello");
+    }
+}
