@@ -2,7 +2,6 @@
 //! calls through the public API, forwarded by the router to NodeAgentService. Once per
 //! backend (`contract_over_grpc!(docker, "docker")` adds one).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use berth_control_plane::registry::embedded::EmbeddedRegistry;
@@ -30,6 +29,10 @@ impl Drop for Cluster {
 
 /// A replica and a node agent offering `backend`, and one READY workspace on it.
 async fn cluster(backend: &str) -> Cluster {
+    cluster_with(backend, |_| {}).await
+}
+
+async fn cluster_with(backend: &str, tweak: impl FnOnce(&mut berth_node_agent::NodeAgentConfig)) -> Cluster {
     let registry: RegistryRef = EmbeddedRegistry::new();
     let cancel = CancellationToken::new();
     let replica_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -47,6 +50,7 @@ async fn cluster(backend: &str) -> Cluster {
     let mut node = berth_node_agent::NodeAgentConfig::new("node-contract", data.path().join("node"));
     node.control_planes = vec![replica_url.clone()];
     node.backends = vec![backend.to_owned()];
+    tweak(&mut node);
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
     let channel = tonic::transport::Endpoint::from_shared(replica_url).unwrap().connect_lazy();
     let mut workspace = WorkspaceServiceClient::new(channel.clone());
@@ -303,7 +307,35 @@ async fn skills_offload_and_trees(backend: &str) {
     let escape =
         cluster.contract.download_tree(v1::DownloadTreeRequest { workspace_id: ws.clone(), path: "../x".into() });
     assert_eq!(escape.await.unwrap_err().code(), tonic::Code::InvalidArgument);
-    let _ = Arc::new(());
+}
+
+async fn seeded_skills_are_not_resurrected(backend: &str) {
+    let seed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(seed.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for name in ["alpha", "beta"] {
+        std::fs::create_dir(seed.path().join(name)).unwrap();
+        std::fs::write(seed.path().join(name).join("SKILL.md"), format!("---\nname: {name}\ndescription: d\n---\n"))
+            .unwrap();
+    }
+    let seed_dir = seed.path().to_path_buf();
+    let mut cluster = cluster_with(backend, |node| node.contract.skills_seed = Some(seed_dir)).await;
+    let ws = cluster.workspace_id.clone();
+    let names = |listed: v1::ListSkillsResponse| listed.skills.into_iter().map(|skill| skill.name).collect::<Vec<_>>();
+    let listed = cluster.contract.list_skills(v1::ListSkillsRequest { workspace_id: ws.clone() }).await.unwrap();
+    assert_eq!(names(listed.into_inner()), ["alpha", "beta"]);
+    cluster
+        .contract
+        .remove_skill(v1::RemoveSkillRequest { workspace_id: ws.clone(), name: "alpha".into() })
+        .await
+        .unwrap();
+    // Release the runtime; the next call provisions it again (seeding hook included).
+    cluster
+        .workspace
+        .close_workspace(v1::CloseWorkspaceRequest { workspace_id: ws.clone(), destroy: false })
+        .await
+        .unwrap();
+    let listed = cluster.contract.list_skills(v1::ListSkillsRequest { workspace_id: ws.clone() }).await.unwrap();
+    assert_eq!(names(listed.into_inner()), ["beta"], "a removed seed skill came back");
 }
 
 macro_rules! contract_over_grpc {
@@ -317,6 +349,11 @@ macro_rules! contract_over_grpc {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn skills_offload_and_trees() {
                 super::skills_offload_and_trees($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn seeded_skills_are_not_resurrected() {
+                super::seeded_skills_are_not_resurrected($backend).await;
             }
         }
     };
