@@ -2,7 +2,13 @@
 //! binary of `protoc-bin-vendored`, so a fresh machine needs no protobuf install.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    let protos = ["berth/v1/types.proto", "berth/v1/workspace.proto", "berth/v1/node.proto", "berth/v1/admin.proto"];
+    let protos = [
+        "berth/v1/types.proto",
+        "berth/v1/workspace.proto",
+        "berth/v1/node.proto",
+        "berth/v1/admin.proto",
+        "berth/v1/contract.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use berth_proto::v1::admin_service_client::AdminServiceClient;
+use berth_proto::v1::contract_service_client::ContractServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -28,6 +29,10 @@ pub struct Connection {
 impl Connection {
     pub fn workspace(&self) -> WorkspaceServiceClient<Channel> {
         WorkspaceServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    pub fn contract(&self) -> ContractServiceClient<Channel> {
+        ContractServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
     pub fn admin(&self) -> AdminServiceClient<Channel> {

@@ -52,6 +52,12 @@ pub enum Command {
     /// Read, write and list files in a workspace.
     #[command(subcommand)]
     Fs(commands::fs::FsCommand),
+    /// Declare MCP servers of a workspace, list their tools, call them.
+    #[command(subcommand)]
+    Mcp(commands::mcp::McpCommand),
+    /// Add, list, show and remove skills of a workspace.
+    #[command(subcommand)]
+    Skills(commands::skills::SkillsCommand),
     /// Show, list and close workspaces.
     #[command(subcommand)]
     Ws(commands::ws::WsCommand),
@@ -104,6 +110,8 @@ async fn dispatch(cli: Cli, io: &mut Io<'_>) -> anyhow::Result<i32> {
         Command::Exec(args) => commands::exec::run(args, &global, io).await,
         Command::Fs(command) => commands::fs::run(command, &global, io).await,
         Command::Ws(command) => commands::ws::run(command, &global, io).await,
+        Command::Mcp(command) => commands::mcp::run(command, &global, io).await,
+        Command::Skills(command) => commands::skills::run(command, &global, io).await,
         Command::Nodes(command) => commands::nodes::run(command, &global, io).await,
         Command::Up(args) => commands::server::up(args).await,
         Command::ControlPlane(args) => commands::server::control_plane(args).await,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_proto::v1::admin_service_server::AdminServiceServer;
+use berth_proto::v1::contract_service_server::ContractServiceServer;
 use berth_proto::v1::node_service_server::NodeServiceServer;
 use berth_proto::v1::workspace_service_server::WorkspaceServiceServer;
 use tokio::net::TcpListener;
@@ -21,6 +22,7 @@ use crate::records::{self, RECORD_VERSION, ReplicaRecord, now_ms};
 use crate::registry::RegistryRef;
 use crate::router::Router;
 use crate::service::admin::AdminApi;
+use crate::service::contract::ContractApi;
 use crate::service::workspace::WorkspaceApi;
 use crate::sweeper::Sweeper;
 use crate::view::ReplicaView;
@@ -73,12 +75,16 @@ pub async fn serve(
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<WorkspaceServiceServer<WorkspaceApi>>().await;
+    health_reporter.set_serving::<ContractServiceServer<ContractApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|error| ServeError::Config(error.to_string()))?;
 
+    let contract_api = ContractServiceServer::new(ContractApi::new(Arc::clone(&router)))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let workspace_api = WorkspaceServiceServer::new(WorkspaceApi::new(router))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -98,6 +104,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(workspace_api)
+        .add_service(contract_api)
         .add_service(AdminServiceServer::new(AdminApi::new(Arc::clone(&view))))
         .add_service(NodeServiceServer::new(heartbeat))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())

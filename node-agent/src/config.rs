@@ -23,6 +23,9 @@ pub struct NodeAgentConfig {
     pub docker_image: String,
     /// Test hook: every Provision waits this long first (widens the bind window).
     pub debug_provision_delay: Duration,
+    /// MCP, skills and tree settings (client pool cap and idle timeout, `.mcp` defaults,
+    /// archive limits, seed skills).
+    pub contract: crate::contract::ContractConfig,
 }
 
 impl NodeAgentConfig {
@@ -38,6 +41,7 @@ impl NodeAgentConfig {
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             docker_image: berth_workspace::docker::DEFAULT_IMAGE.to_owned(),
             debug_provision_delay: Duration::ZERO,
+            contract: crate::contract::ContractConfig::default(),
         }
     }
 
@@ -48,6 +52,16 @@ impl NodeAgentConfig {
         }
         if self.backends.is_empty() {
             return Err("at least one backend is needed".into());
+        }
+        berth_workspace::mcp::config::validate_all(&self.contract.mcp.defaults)
+            .map_err(|error| format!("default mcp servers: {error}"))?;
+        if self.contract.mcp.pool.max_live == 0 {
+            return Err("the mcp client cap must be at least 1".into());
+        }
+        if let Some(seed) = &self.contract.skills_seed
+            && !seed.is_dir()
+        {
+            return Err(format!("skills seed {} is not a directory", seed.display()));
         }
         Ok(())
     }

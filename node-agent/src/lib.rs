@@ -4,6 +4,7 @@
 //! Entry point: [`server::serve`].
 
 pub mod config;
+pub mod contract;
 pub mod drivers;
 pub mod fence;
 pub mod heartbeat;

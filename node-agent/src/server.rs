@@ -9,6 +9,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::NodeAgentConfig;
+use crate::contract::Contract;
 use crate::fence::Fence;
 use crate::heartbeat::Heartbeater;
 use crate::service::NodeAgentApi;
@@ -48,6 +49,8 @@ pub async fn serve(
         config.default_backend().to_owned(),
         config.debug_provision_delay,
     ));
+    let contract = Arc::new(Contract::new(config.contract.clone(), config.data_dir.join("secrets")));
+    workspaces.add_hook(contract.clone());
     workspaces.restore().await?;
     // Fenced until the first registration: no lease, no serving.
     let fence = Arc::new(Fence::new());
@@ -64,9 +67,10 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|error| ServeError::Config(error.to_string()))?;
-    let api = NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&workspaces), fence, config.max_file_bytes))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let api =
+        NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&workspaces), fence, config.max_file_bytes, contract))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tracing::info!(node_id = %config.node_id, address = %config.advertise_address, backends = ?config.backends, "node agent serving");
     let served = tonic::transport::Server::builder()
         .tcp_nodelay(true)

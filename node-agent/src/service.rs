@@ -20,6 +20,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::contract::{Contract, first_message};
 use crate::fence::Fence;
 use crate::state::{Entry, Workspaces};
 
@@ -29,6 +30,7 @@ pub struct NodeAgentApi {
     workspaces: Arc<Workspaces>,
     fence: Arc<Fence>,
     max_file_bytes: u64,
+    contract: Arc<Contract>,
 }
 
 /// Keeps the in-flight exec count of a workspace while alive.
@@ -61,8 +63,14 @@ fn rel_path(value: &str) -> Result<RelPath, Status> {
 }
 
 impl NodeAgentApi {
-    pub fn new(workspaces: Arc<Workspaces>, fence: Arc<Fence>, max_file_bytes: u64) -> Self {
-        Self { workspaces, fence, max_file_bytes }
+    pub fn new(workspaces: Arc<Workspaces>, fence: Arc<Fence>, max_file_bytes: u64, contract: Arc<Contract>) -> Self {
+        Self { workspaces, fence, max_file_bytes, contract }
+    }
+
+    /// [`Self::backend`] for the contract calls: the workspace id and its runtime.
+    fn target<T>(&self, request: &Request<T>, id: &str) -> Result<(WorkspaceId, BackendRef), Status> {
+        let (entry, backend) = self.backend(request, id)?;
+        Ok((entry.id.clone(), backend))
     }
 
     fn check_serving(&self) -> Result<(), Status> {
@@ -96,6 +104,24 @@ impl NodeAgentApi {
         entry.touch();
         Ok((entry, backend))
     }
+}
+
+// ---- the workspace contract: checked here, handled in `contract.rs` ---------------------
+
+/// Reads the header of a client-streaming contract call and checks fence and generation
+/// against the request's metadata.
+macro_rules! streamed_target {
+    ($self:ident, $request:ident, $variant:path) => {{
+        let metadata = $request.metadata().clone();
+        let mut inbound = $request.into_inner();
+        let header = match first_message(&mut inbound).await?.msg {
+            Some($variant(header)) => header,
+            _ => return Err(Status::invalid_argument("the first message must be a header")),
+        };
+        let (id, backend) =
+            $self.target(&Request::from_parts(metadata, Default::default(), ()), &header.workspace_id)?;
+        (id, backend, header, inbound)
+    }};
 }
 
 #[tonic::async_trait]
@@ -252,6 +278,103 @@ impl NodeAgentService for NodeAgentApi {
         let path = rel_path(&request.get_ref().path)?;
         backend.mkdir(&path, request.get_ref().parents).await.map_err(status)?;
         Ok(Response::new(v1::MakeDirResponse {}))
+    }
+
+    async fn add_mcp(&self, request: Request<v1::AddMcpRequest>) -> Result<Response<v1::AddMcpResponse>, Status> {
+        let (id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.add_mcp(&id, backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn remove_mcp(
+        &self,
+        request: Request<v1::RemoveMcpRequest>,
+    ) -> Result<Response<v1::RemoveMcpResponse>, Status> {
+        let (id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.remove_mcp(&id, backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_mcps(&self, request: Request<v1::ListMcpsRequest>) -> Result<Response<v1::ListMcpsResponse>, Status> {
+        let (id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.list_mcps(&id, backend).await.map(Response::new)
+    }
+
+    async fn list_mcp_tools(
+        &self,
+        request: Request<v1::ListMcpToolsRequest>,
+    ) -> Result<Response<v1::ListMcpToolsResponse>, Status> {
+        let (id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.list_mcp_tools(&id, backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn call_mcp_tool(
+        &self,
+        request: Request<v1::CallMcpToolRequest>,
+    ) -> Result<Response<v1::CallMcpToolResponse>, Status> {
+        let (id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.call_mcp_tool(&id, backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn add_skill(
+        &self,
+        request: Request<Streaming<v1::AddSkillRequest>>,
+    ) -> Result<Response<v1::AddSkillResponse>, Status> {
+        let (id, backend, header, inbound) = streamed_target!(self, request, v1::add_skill_request::Msg::Header);
+        self.contract.add_skill(&id, backend, header, inbound).await.map(Response::new)
+    }
+
+    async fn remove_skill(
+        &self,
+        request: Request<v1::RemoveSkillRequest>,
+    ) -> Result<Response<v1::RemoveSkillResponse>, Status> {
+        let (_id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.remove_skill(backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_skills(
+        &self,
+        request: Request<v1::ListSkillsRequest>,
+    ) -> Result<Response<v1::ListSkillsResponse>, Status> {
+        let (id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.list_skills(&id, backend).await.map(Response::new)
+    }
+
+    async fn get_skill(&self, request: Request<v1::GetSkillRequest>) -> Result<Response<v1::GetSkillResponse>, Status> {
+        let (_id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.get_skill(backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn offload_context(
+        &self,
+        request: Request<v1::OffloadContextRequest>,
+    ) -> Result<Response<v1::OffloadContextResponse>, Status> {
+        let (_id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.offload_context(backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn offload_tool_result(
+        &self,
+        request: Request<v1::OffloadToolResultRequest>,
+    ) -> Result<Response<v1::OffloadToolResultResponse>, Status> {
+        let (_id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.offload_tool_result(backend, request.into_inner()).await.map(Response::new)
+    }
+
+    async fn upload_tree(
+        &self,
+        request: Request<Streaming<v1::UploadTreeRequest>>,
+    ) -> Result<Response<v1::UploadTreeResponse>, Status> {
+        let (id, backend, header, inbound) = streamed_target!(self, request, v1::upload_tree_request::Msg::Header);
+        self.contract.upload_tree(&id, backend, header, inbound).await.map(Response::new)
+    }
+
+    type DownloadTreeStream = BoxStream<v1::TreeChunk>;
+
+    async fn download_tree(
+        &self,
+        request: Request<v1::DownloadTreeRequest>,
+    ) -> Result<Response<Self::DownloadTreeStream>, Status> {
+        let (_id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
+        self.contract.download_tree(backend, request.into_inner()).await.map(Response::new)
     }
 }
 

@@ -16,6 +16,18 @@ use serde::{Deserialize, Serialize};
 
 const META_VERSION: u32 = 1;
 
+/// Told about lifecycle changes, after they happened (under the workspace's lifecycle
+/// lock). Hooks log their own failures: a hook never fails the change.
+#[tonic::async_trait]
+pub trait LifecycleHook: Send + Sync {
+    /// The runtime is up and the layout exists (every provision, also an idempotent one).
+    async fn provisioned(&self, _id: &WorkspaceId, _backend: &BackendRef) {}
+    /// The runtime was stopped; the files stay.
+    async fn released(&self, _id: &WorkspaceId) {}
+    /// Runtime, files and state are gone (also a stale copy removed on command).
+    async fn destroyed(&self, _id: &WorkspaceId) {}
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Meta {
     version: u32,
@@ -56,6 +68,7 @@ pub struct Workspaces {
     /// Serialises lifecycle changes (provision / release / destroy) per workspace.
     lifecycle: Mutex<HashMap<WorkspaceId, Arc<tokio::sync::Mutex<()>>>>,
     debug_provision_delay: Duration,
+    hooks: RwLock<Vec<Arc<dyn LifecycleHook>>>,
 }
 
 /// Outcome of a provision.
@@ -78,7 +91,17 @@ impl Workspaces {
             entries: RwLock::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
             debug_provision_delay,
+            hooks: RwLock::new(Vec::new()),
         }
+    }
+
+    /// Registers a hook for every later lifecycle change.
+    pub fn add_hook(&self, hook: Arc<dyn LifecycleHook>) {
+        self.hooks.write().unwrap_or_else(|poisoned| poisoned.into_inner()).push(hook);
+    }
+
+    fn hooks(&self) -> Vec<Arc<dyn LifecycleHook>> {
+        self.hooks.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     pub fn root_of(&self, id: &WorkspaceId) -> PathBuf {
@@ -205,8 +228,13 @@ impl Workspaces {
                     existing.generation
                 )));
             }
-            if existing.backend.is_some() && existing.backend_name == backend_name && existing.generation == generation
+            if let Some(handle) = &existing.backend
+                && existing.backend_name == backend_name
+                && existing.generation == generation
             {
+                for hook in self.hooks() {
+                    hook.provisioned(id, handle).await;
+                }
                 return Ok(Provisioned { created: false, backend: backend_name });
             }
             if existing.backend_name != backend_name {
@@ -230,10 +258,13 @@ impl Workspaces {
             generation,
             backend_name: backend_name.clone(),
             spec: spec.clone(),
-            backend: Some(handle),
+            backend: Some(handle.clone()),
             last_access_ms: AtomicI64::new(now_ms()),
             execs_in_flight: AtomicU32::new(0),
         });
+        for hook in self.hooks() {
+            hook.provisioned(id, &handle).await;
+        }
         Ok(Provisioned { created, backend: backend_name })
     }
 
@@ -253,6 +284,9 @@ impl Workspaces {
             last_access_ms: AtomicI64::new(existing.last_access_ms.load(Ordering::Relaxed)),
             execs_in_flight: AtomicU32::new(0),
         });
+        for hook in self.hooks() {
+            hook.released(id).await;
+        }
         Ok(())
     }
 
@@ -287,6 +321,9 @@ impl Workspaces {
         })
         .await
         .map_err(|error| WorkspaceError::Backend { backend: "node", message: error.to_string() })??;
+        for hook in self.hooks() {
+            hook.destroyed(id).await;
+        }
         Ok(removed || existing.is_some())
     }
 

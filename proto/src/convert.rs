@@ -161,7 +161,10 @@ pub fn status_from_workspace_error(error: &WorkspaceError) -> Status {
         }
         E::PathEscapesRoot { .. } => ErrorKind::PathEscapesRoot.attach(Status::permission_denied(message)),
         E::LimitExceeded { .. } => ErrorKind::LimitExceeded.attach(Status::invalid_argument(message)),
-        E::NotFound { .. } => Status::not_found(message),
+        E::NotFound { .. } | E::NameNotFound { .. } => Status::not_found(message),
+        E::NameExists { .. } => Status::already_exists(message),
+        // Carries a kind, so the router never takes it for an unreachable node.
+        E::McpServerFailed { .. } => ErrorKind::McpServerFailed.attach(Status::unavailable(message)),
         E::AlreadyExists { .. } => Status::already_exists(message),
         E::IsADirectory { .. } | E::NotADirectory { .. } | E::DirectoryNotEmpty { .. } | E::SpawnFailed { .. } => {
             Status::failed_precondition(message)

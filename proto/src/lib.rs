@@ -9,6 +9,7 @@ pub mod v1 {
     tonic::include_proto!("berth.v1");
 }
 
+pub mod contract;
 pub mod convert;
 pub mod meta;
 

@@ -28,6 +28,8 @@ pub enum ErrorKind {
     PathEscapesRoot,
     /// An input is over a limit (the message names the limit).
     LimitExceeded,
+    /// An MCP server inside the workspace failed to start or died; the next call restarts it.
+    McpServerFailed,
 }
 
 impl ErrorKind {
@@ -37,11 +39,12 @@ impl ErrorKind {
             Self::NodeFenced => "node-fenced",
             Self::PathEscapesRoot => "path-escapes-root",
             Self::LimitExceeded => "limit-exceeded",
+            Self::McpServerFailed => "mcp-server-failed",
         }
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        [Self::WrongGeneration, Self::NodeFenced, Self::PathEscapesRoot, Self::LimitExceeded]
+        [Self::WrongGeneration, Self::NodeFenced, Self::PathEscapesRoot, Self::LimitExceeded, Self::McpServerFailed]
             .into_iter()
             .find(|kind| kind.as_str() == text)
     }

@@ -3,8 +3,8 @@
 //! Primitives (required): [`Backend::spawn`] (a process with streamed stdio — `exec`,
 //! `exec_stream` and MCP stdio servers are built on it), [`Backend::read_file`] (a chunk
 //! stream) and [`Backend::write_file`] (from a chunk stream, atomic). Derived (provided):
-//! `exec`, `exec_stream`, `stat`, `list_dir`, `remove`, `mkdir`, `exists`, whole-buffer
-//! reads and writes. The provided file operations run POSIX tools through `exec` inside the
+//! `exec`, `exec_stream`, `stat`, `list_dir`, `remove`, `mkdir`, `exists`, `append_file`,
+//! `rename`, `symlink`, whole-buffer reads and writes. The provided file operations run POSIX tools through `exec` inside the
 //! sandbox, so any backend with a shell works; host backends override them with a native
 //! fast path (`HostFs`).
 
@@ -296,6 +296,31 @@ pub trait Backend: Send + Sync {
             Err(WorkspaceError::NotFound { .. }) => Ok(false),
             Err(other) => Err(other),
         }
+    }
+
+    /// Appends `data` to a file, creating it (mode 0644) and its parents when missing;
+    /// returns the bytes appended. Never reads the file: concurrent appenders do not lose
+    /// each other's data the way a read-modify-write would. Host backends write with one
+    /// `O_APPEND` write; the default runs `cat >> path` inside the sandbox.
+    async fn append_file(&self, path: &RelPath, data: Bytes) -> Result<u64> {
+        crate::posix::append(self, path, data).await
+    }
+
+    /// Renames `from` to `to` (a file, symlink or directory), creating `to`'s parents.
+    /// Never replaces: `AlreadyExists` when `to` exists, so a rename doubles as an
+    /// exclusive create (write a temp file, then rename it into place). Host backends use
+    /// `renameat2(RENAME_NOREPLACE)`, atomic; the default checks then runs `mv` inside the
+    /// sandbox.
+    async fn rename(&self, from: &RelPath, to: &RelPath) -> Result<()> {
+        crate::posix::rename(self, from, to).await
+    }
+
+    /// Creates a symbolic link at `link` holding `target` as written, creating `link`'s
+    /// parents. The target is not resolved here: reading through the link later is
+    /// confined like any path (a link leading out is refused then). Callers that accept
+    /// targets from clients validate them first (see `tree`).
+    async fn symlink(&self, target: &str, link: &RelPath) -> Result<()> {
+        crate::posix::symlink(self, target, link).await
     }
 
     /// Reads a whole file into memory, refusing files over `max_bytes`.

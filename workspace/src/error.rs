@@ -75,6 +75,19 @@ pub enum WorkspaceError {
         source: io::Error,
     },
 
+    /// A named thing of the workspace contract (MCP server, skill…) does not exist.
+    #[error("{kind} {name:?} not found")]
+    NameNotFound { kind: &'static str, name: String },
+
+    /// A named thing of the workspace contract already exists (and replacing was not asked).
+    #[error("{kind} {name:?} already exists")]
+    NameExists { kind: &'static str, name: String },
+
+    /// An MCP server could not be started, or exited or broke its connection mid-call.
+    /// The next call starts it again.
+    #[error("mcp server {server:?} failed: {reason}")]
+    McpServerFailed { server: String, reason: String },
+
     /// Failure inside a backend that has no better variant (docker API error…).
     #[error("{backend}: {message}")]
     Backend { backend: &'static str, message: String },
@@ -112,6 +125,7 @@ impl WorkspaceError {
                 | Self::BackendUnavailable { .. }
                 | Self::Corrupt { .. }
                 | Self::Timeout { .. }
+                | Self::McpServerFailed { .. }
         )
     }
 }

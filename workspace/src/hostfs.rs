@@ -15,10 +15,11 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use futures::StreamExt;
-use nix::fcntl::AtFlags;
+use nix::fcntl::{AtFlags, RenameFlags};
 use nix::unistd::{Gid, Uid};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
@@ -269,6 +270,114 @@ impl HostFs {
                 }
                 Err(error) => Err(WorkspaceError::from_io("mkdir", display, error)),
             }
+        })
+        .await
+    }
+
+    /// Appends `data` with one write on an `O_APPEND` descriptor (creating the file with
+    /// mode 0644, owned like every file this creates, and its parents), then `fdatasync`.
+    /// A final symlink inside the root is followed; one leading out is refused.
+    pub async fn append_file(&self, path: &RelPath, data: Bytes) -> Result<u64> {
+        if path.is_root() {
+            return Err(WorkspaceError::IsADirectory { path: ".".into() });
+        }
+        let relative = path.clone();
+        self.blocking(move |root, owner| {
+            let display = relative.as_fs_str();
+            let target = Path::new(relative.as_str());
+            if let Some(parent) = target.parent() {
+                create_dirs(root, parent, owner, display)?;
+            }
+            let mut options = OpenOptions::new();
+            options.append(true).create(true).mode(0o644).custom_flags(nix::libc::O_NOCTTY | nix::libc::O_NONBLOCK);
+            let file =
+                root.open_with(target, &options).map_err(|error| WorkspaceError::from_io("open", display, error))?;
+            let metadata = file.metadata().map_err(|error| WorkspaceError::from_io("stat", display, error))?;
+            if !metadata.is_file() {
+                return Err(WorkspaceError::InvalidArgument(format!("{display:?} is not a regular file")));
+            }
+            let mut file = file.into_std();
+            if let Some((uid, gid)) = owner
+                && (metadata.uid() != uid || metadata.gid() != gid)
+            {
+                nix::unistd::fchown(&file, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+                    .map_err(|errno| WorkspaceError::from_io("chown", display, io::Error::from(errno)))?;
+            }
+            std::io::Write::write_all(&mut file, &data)
+                .map_err(|error| WorkspaceError::from_io("append", display, error))?;
+            file.sync_data().map_err(|error| WorkspaceError::from_io("fsync", display, error))?;
+            Ok(data.len() as u64)
+        })
+        .await
+    }
+
+    /// Renames with `renameat2(RENAME_NOREPLACE)` between the two parent directories (each
+    /// opened through cap-std, so both stay inside the root), creating `to`'s parents.
+    /// Atomic, and never replaces: `AlreadyExists` when `to` exists.
+    pub async fn rename(&self, from: &RelPath, to: &RelPath) -> Result<()> {
+        let (Some(from_name), Some(to_name)) = (from.file_name(), to.file_name()) else {
+            return Err(WorkspaceError::InvalidPath {
+                path: ".".into(),
+                reason: "the workspace root cannot be renamed",
+            });
+        };
+        let (from_name, to_name) = (from_name.to_owned(), to_name.to_owned());
+        let (from_parent, to_parent) = (from.parent().unwrap_or_default(), to.parent().unwrap_or_default());
+        let (from_display, to_display) = (from.as_fs_str().to_owned(), to.as_fs_str().to_owned());
+        self.blocking(move |root, owner| {
+            let source_dir = root
+                .open_dir(from_parent.as_fs_str())
+                .map_err(|error| WorkspaceError::from_io("open", &from_display, error))?;
+            create_dirs(root, Path::new(to_parent.as_str()), owner, &to_display)?;
+            let target_dir = root
+                .open_dir(to_parent.as_fs_str())
+                .map_err(|error| WorkspaceError::from_io("open", &to_display, error))?;
+            match nix::fcntl::renameat2(
+                &source_dir,
+                from_name.as_str(),
+                &target_dir,
+                to_name.as_str(),
+                RenameFlags::RENAME_NOREPLACE,
+            ) {
+                Ok(()) => Ok(()),
+                Err(nix::errno::Errno::EEXIST) => Err(WorkspaceError::AlreadyExists { path: to_display.clone() }),
+                Err(nix::errno::Errno::ENOENT) => Err(WorkspaceError::NotFound { path: from_display.clone() }),
+                Err(errno) => Err(WorkspaceError::from_io("rename", &from_display, io::Error::from(errno))),
+            }
+        })
+        .await
+    }
+
+    /// Creates a symlink (owned like every file this creates) and its parents. The target
+    /// is stored as given; resolving through it later is confined like any path.
+    pub async fn symlink(&self, target: &str, link: &RelPath) -> Result<()> {
+        let Some(name) = link.file_name().map(str::to_owned) else {
+            return Err(WorkspaceError::AlreadyExists { path: ".".into() });
+        };
+        if target.is_empty() || target.contains('\0') {
+            return Err(WorkspaceError::InvalidArgument("a symlink target must be non-empty and free of NUL".into()));
+        }
+        let parent = link.parent().unwrap_or_default();
+        let display = link.as_fs_str().to_owned();
+        let target = target.to_owned();
+        self.blocking(move |root, owner| {
+            create_dirs(root, Path::new(parent.as_str()), owner, &display)?;
+            let parent_dir =
+                root.open_dir(parent.as_fs_str()).map_err(|error| WorkspaceError::from_io("open", &display, error))?;
+            // A single name inside an opened directory: nothing is resolved on the way.
+            nix::unistd::symlinkat(target.as_str(), &parent_dir, name.as_str())
+                .map_err(|errno| WorkspaceError::from_io("symlink", &display, io::Error::from(errno)))?;
+            if let Some((uid, gid)) = owner {
+                nix::unistd::fchownat(
+                    &parent_dir,
+                    name.as_str(),
+                    Some(Uid::from_raw(uid)),
+                    Some(Gid::from_raw(gid)),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|errno| WorkspaceError::from_io("chown", &display, io::Error::from(errno)))?;
+            }
+            Ok(())
         })
         .await
     }

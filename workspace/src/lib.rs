@@ -15,11 +15,15 @@ pub mod hostfs;
 pub mod id;
 pub mod layout;
 pub mod local;
+pub mod mcp;
+pub mod offload;
 pub mod path;
 pub mod posix;
+pub mod skills;
 pub mod spec;
 #[doc(hidden)]
 pub mod testing;
+pub mod tree;
 
 pub use backend::{
     Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind, ProcessControl,

@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -133,6 +134,18 @@ impl Backend for LocalBackend {
 
     async fn mkdir(&self, path: &RelPath, parents: bool) -> Result<()> {
         self.files.mkdir(path, parents).await
+    }
+
+    async fn append_file(&self, path: &RelPath, data: Bytes) -> Result<u64> {
+        self.files.append_file(path, data).await
+    }
+
+    async fn rename(&self, from: &RelPath, to: &RelPath) -> Result<()> {
+        self.files.rename(from, to).await
+    }
+
+    async fn symlink(&self, target: &str, link: &RelPath) -> Result<()> {
+        self.files.symlink(target, link).await
     }
 }
 

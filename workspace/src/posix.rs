@@ -15,7 +15,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use crate::backend::{Backend, ExecOutput, ExecSpec, FileInfo, FileKind, MAX_OUTPUT_BYTES_LIMIT};
+use bytes::Bytes;
+
+use crate::backend::{Backend, ExecOutput, ExecSpec, FileInfo, FileKind, MAX_OUTPUT_BYTES_LIMIT, MAX_STDIN_BYTES};
 use crate::error::{Result, WorkspaceError};
 use crate::path::RelPath;
 
@@ -24,7 +26,8 @@ const FILE_OP_TIMEOUT: Duration = Duration::from_secs(300);
 /// Output cap of the small operations (stat, remove, mkdir).
 const SMALL_OUTPUT_BYTES: usize = 64 * 1024;
 
-/// The helper script; `$1` is the operation, `$2` the path, `$3` a 0/1 flag.
+/// The helper script; `$1` is the operation, `$2` the path, `$3` a 0/1 flag (`rename`:
+/// the new path; `symlink`: the link target).
 ///
 /// Exit codes (kept in sync with [`classify`]): 0 ok, 3 not found, 4 escapes the root (or
 /// a symlink loop), 5 not a directory, 6 is a directory, 7 already exists.
@@ -122,6 +125,26 @@ case $op in
     fi
     resolve create-nofollow "$2"
     exec mkdir -- "$R" ;;
+  append)
+    # stdin is appended to the file; missing parents are created.
+    resolve create "$2"
+    [ -d "$R" ] && fail 6 'is a directory'
+    case $R in */*) mkdir -p -- "${R%/*}" || exit 1 ;; esac
+    exec cat >> "$R" ;;
+  rename)
+    resolve nofollow "$2"
+    F=$R
+    [ -e "$F" ] || [ -L "$F" ] || fail 3 'no such file or directory'
+    resolve create-nofollow "$3"
+    if [ -e "$R" ] || [ -L "$R" ]; then fail 7 'file exists'; fi
+    case $R in */*) mkdir -p -- "${R%/*}" || exit 1 ;; esac
+    exec mv -f -- "$F" "$R" ;;
+  symlink)
+    # $2 is the link, $3 the target as written.
+    resolve create-nofollow "$2"
+    if [ -e "$R" ] || [ -L "$R" ]; then fail 7 'file exists'; fi
+    case $R in */*) mkdir -p -- "${R%/*}" || exit 1 ;; esac
+    exec ln -s -- "$3" "$R" ;;
   *) fail 2 "unknown operation $op" ;;
 esac
 "#;
@@ -133,6 +156,18 @@ async fn run<B: Backend + ?Sized>(
     flag: bool,
     max_output_bytes: usize,
 ) -> Result<ExecOutput> {
+    run_with(backend, op, path, if flag { "1" } else { "0" }, Bytes::new(), max_output_bytes).await
+}
+
+/// [`run`] with a free third argument and stdin.
+async fn run_with<B: Backend + ?Sized>(
+    backend: &B,
+    op: &'static str,
+    path: &RelPath,
+    third: &str,
+    stdin: Bytes,
+    max_output_bytes: usize,
+) -> Result<ExecOutput> {
     let mut spec = ExecSpec::new(vec![
         "sh".into(),
         "-c".into(),
@@ -140,8 +175,9 @@ async fn run<B: Backend + ?Sized>(
         "berth-posix".into(),
         op.into(),
         path.as_str().into(),
-        if flag { "1" } else { "0" }.into(),
+        third.into(),
     ]);
+    spec.stdin = stdin;
     // The C locale: byte-wise `stat` names and untranslated error messages to classify.
     spec.spawn.env = BTreeMap::from([("LC_ALL".to_owned(), "C".to_owned())]);
     spec.timeout = FILE_OP_TIMEOUT;
@@ -242,6 +278,47 @@ pub async fn mkdir<B: Backend + ?Sized>(backend: &B, path: &RelPath, parents: bo
         return if parents { Ok(()) } else { Err(WorkspaceError::AlreadyExists { path: ".".into() }) };
     }
     run(backend, "mkdir", path, parents, SMALL_OUTPUT_BYTES).await?;
+    Ok(())
+}
+
+pub async fn append<B: Backend + ?Sized>(backend: &B, path: &RelPath, data: Bytes) -> Result<u64> {
+    if path.is_root() {
+        return Err(WorkspaceError::IsADirectory { path: ".".into() });
+    }
+    if data.len() > MAX_STDIN_BYTES {
+        return Err(WorkspaceError::LimitExceeded {
+            limit: "append size",
+            size: data.len() as u64,
+            max: MAX_STDIN_BYTES as u64,
+        });
+    }
+    let length = data.len() as u64;
+    run_with(backend, "append", path, "", data, SMALL_OUTPUT_BYTES).await?;
+    Ok(length)
+}
+
+pub async fn rename<B: Backend + ?Sized>(backend: &B, from: &RelPath, to: &RelPath) -> Result<()> {
+    if from.is_root() || to.is_root() {
+        return Err(WorkspaceError::InvalidPath { path: ".".into(), reason: "the workspace root cannot be renamed" });
+    }
+    run_with(backend, "rename", from, to.as_str(), Bytes::new(), SMALL_OUTPUT_BYTES).await.map_err(
+        |error| match error {
+            // The script names the source in its errors; "exists" is about the target.
+            WorkspaceError::AlreadyExists { .. } => WorkspaceError::AlreadyExists { path: to.as_fs_str().to_owned() },
+            other => other,
+        },
+    )?;
+    Ok(())
+}
+
+pub async fn symlink<B: Backend + ?Sized>(backend: &B, target: &str, link: &RelPath) -> Result<()> {
+    if link.is_root() {
+        return Err(WorkspaceError::AlreadyExists { path: ".".into() });
+    }
+    if target.is_empty() || target.contains('\0') {
+        return Err(WorkspaceError::InvalidArgument("a symlink target must be non-empty and free of NUL".into()));
+    }
+    run_with(backend, "symlink", link, target, Bytes::new(), SMALL_OUTPUT_BYTES).await?;
     Ok(())
 }
 

@@ -51,6 +51,7 @@ async fn suite_fixture() -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
 }
 
 berth_workspace::backend_suite!(bubblewrap, suite_fixture());
+berth_workspace::contract_suite!(bubblewrap_contract, suite_fixture());
 
 // ---- isolation --------------------------------------------------------------------------
 

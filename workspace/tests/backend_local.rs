@@ -209,3 +209,8 @@ async fn driver_provision_is_idempotent() {
     let missing = root.join("does-not-exist");
     assert!(matches!(driver.provision(context(&missing)).await, Err(WorkspaceError::NotFound { .. })));
 }
+
+// ---- the workspace contract (MCP, skills, offload, trees) --------------------------------
+
+berth_workspace::contract_suite!(local_contract, local_fixture());
+berth_workspace::contract_suite!(local_primitives_contract, primitives_fixture());

@@ -3,6 +3,7 @@
 //! Every PATH is relative to the workspace root; the server refuses escapes. `write` and
 //! `read` stream, so a file of any size passes through in bounded memory.
 
+mod tree;
 mod upload;
 
 use berth_proto::v1::{
@@ -41,6 +42,18 @@ pub enum FsCommand {
     },
     /// Show one file's kind, size, mode and modification time.
     Stat(PathArgs),
+    /// Upload a local directory's contents (as a tar stream) to DEST (default: a directory
+    /// named like LOCAL_DIR); a new DEST appears whole.
+    Push {
+        workspace: String,
+        local_dir: std::path::PathBuf,
+        dest: Option<String>,
+        /// Replace same-named entries of an existing DEST.
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Download a directory of the workspace (as a tar stream) into LOCAL_DIR.
+    Pull { workspace: String, path: String, local_dir: std::path::PathBuf },
     /// Create a directory.
     Mkdir {
         /// Create missing parents too, and succeed if it already exists.
@@ -125,6 +138,15 @@ pub fn file_table(entries: &[FileInfo], last_column: &str, last: impl Fn(&FileIn
 }
 
 pub async fn run(command: FsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
+    let command = match command {
+        FsCommand::Push { workspace, local_dir, dest, overwrite } => {
+            return tree::push(global, io, workspace, local_dir, dest, overwrite).await;
+        }
+        FsCommand::Pull { workspace, path, local_dir } => {
+            return tree::pull(global, io, workspace, path, local_dir).await;
+        }
+        other => other,
+    };
     let mut client = connect(&global.endpoint).await?.workspace();
     match command {
         FsCommand::Write(args) => {
@@ -182,6 +204,7 @@ pub async fn run(command: FsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
             })
             .await?;
         }
+        FsCommand::Push { .. } | FsCommand::Pull { .. } => unreachable!("handled above"),
         FsCommand::Mkdir { parents, target } => {
             let request = MakeDirRequest { workspace_id: target.workspace.clone(), path: target.path.clone(), parents };
             client.make_dir(request).await.rpc_context(|| format!("mkdir {}", target.display()))?;

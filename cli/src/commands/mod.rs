@@ -1,11 +1,14 @@
 //! One module per command group; each exposes its clap arguments and a `run` function
 //! returning the exit code.
 
+pub mod archive;
 pub mod exec;
 pub mod fs;
+pub mod mcp;
 pub mod nodes;
 pub mod server;
 pub mod session;
+pub mod skills;
 pub mod ws;
 
 use std::collections::HashMap;

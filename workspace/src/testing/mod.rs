@@ -38,9 +38,12 @@ use crate::backend::{Backend, BackendRef, ByteStream, ExecOutput, ExecSpec, Spaw
 use crate::error::Result;
 use crate::path::RelPath;
 
+pub mod contract;
 pub mod escape;
 pub mod exec;
 pub mod files;
+pub mod mcp_fixture;
+pub mod tar_corpus;
 
 /// What one suite test gets: a backend, plus whatever must live as long as the test.
 pub trait BackendFixture: Send + Sync {

@@ -39,6 +39,11 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|error| format!("{text:?}: {error} (use units, e.g. 30s, 5m, 1h)"))
 }
 
+/// [`parse_duration`] for client commands.
+pub(crate) fn parse_duration_arg(text: &str) -> Result<Duration, String> {
+    parse_duration(text)
+}
+
 /// Splits a comma-separated list, dropping empty items.
 pub(crate) fn split_list(values: &[String]) -> Vec<String> {
     values

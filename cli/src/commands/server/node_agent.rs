@@ -55,22 +55,52 @@ pub struct NodeFlags {
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
+    /// Host directory of skill directories copied into every new workspace once.
+    #[arg(long, env = "BERTH_SKILLS_SEED")]
+    pub skills_seed: Option<PathBuf>,
+    /// JSON file with the MCP declarations a corrupt `.mcp` is re-seeded with (default: none).
+    #[arg(long, env = "BERTH_MCP_DEFAULTS")]
+    pub mcp_defaults: Option<PathBuf>,
+    /// Most live MCP clients on this node; past it the least recently used is closed.
+    #[arg(long, default_value_t = 64)]
+    pub mcp_max_live: usize,
+    /// An MCP client unused this long is closed.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub mcp_idle_timeout: Duration,
+    /// Largest content of one skill or tree archive, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub tree_max_bytes: u64,
+    /// Most entries of one skill or tree archive.
+    #[arg(long, default_value_t = 10_000)]
+    pub tree_max_files: u64,
 }
 
 impl NodeFlags {
-    pub fn apply(&self, config: &mut NodeAgentConfig) {
+    pub fn apply(&self, config: &mut NodeAgentConfig) -> anyhow::Result<()> {
         config.backends = split_list(&self.backends);
         config.labels = self.labels.iter().cloned().collect();
         config.capacity_workspaces = self.capacity;
         config.max_file_bytes = self.max_file_bytes;
         config.debug_provision_delay = self.debug_provision_delay;
         config.docker_image = self.docker_image.clone();
+        let contract = &mut config.contract;
+        contract.skills_seed = self.skills_seed.clone();
+        contract.mcp.pool.max_live = self.mcp_max_live;
+        contract.mcp.pool.idle_timeout = self.mcp_idle_timeout;
+        contract.tree_limits =
+            berth_workspace::tree::TreeLimits { max_bytes: self.tree_max_bytes, max_files: self.tree_max_files };
+        if let Some(path) = &self.mcp_defaults {
+            let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            contract.mcp.defaults =
+                serde_json::from_slice(&text).with_context(|| format!("parsing {} (a JSON array)", path.display()))?;
+        }
+        Ok(())
     }
 }
 
 pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     let mut config = NodeAgentConfig::new(args.node_id.unwrap_or_else(|| default_id("node")), args.data_dir);
-    args.common.apply(&mut config);
+    args.common.apply(&mut config)?;
     config.control_planes = split_list(&args.control_planes).into_iter().map(|url| with_scheme(&url)).collect();
     config.advertise_address = args.advertise.unwrap_or_default();
     let listener =

@@ -43,7 +43,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let public = listener.local_addr()?;
     let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening for the node agent")?;
     let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));
-    args.node.apply(&mut node);
+    args.node.apply(&mut node)?;
     node.control_planes = vec![format!("http://{public}")];
 
     // Workspace and session records survive a restart; nodes and locks are re-created.
