@@ -40,6 +40,15 @@ pub struct GlobalArgs {
     /// Output format of commands that print records.
     #[arg(short, long, global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Bearer token sent on every request (control planes running --auth token / jwt).
+    #[arg(long, global = true, env = "BERTH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Act for this user (services allowed to act for users; sent as x-berth-act-as).
+    #[arg(long, global = true, env = "BERTH_ACT_AS")]
+    pub act_as: Option<String>,
+    /// CA certificate (PEM) that signed an https:// endpoint's certificate.
+    #[arg(long, global = true, env = "BERTH_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -125,7 +125,7 @@ pub fn file_table(entries: &[FileInfo], last_column: &str, last: impl Fn(&FileIn
 }
 
 pub async fn run(command: FsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.workspace();
+    let mut client = connect(global).await?.workspace();
     match command {
         FsCommand::Write(args) => {
             let header = WriteFileHeader {

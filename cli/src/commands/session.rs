@@ -112,7 +112,7 @@ fn session_table(session: &Session) -> Table {
 }
 
 pub async fn run(command: SessionCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.workspace();
+    let mut client = connect(global).await?.workspace();
     match command {
         SessionCommand::Create(args) => {
             let session = client

@@ -163,7 +163,7 @@ fn workspace_detail_table(workspace: &Workspace) -> Table {
 }
 
 pub async fn run(command: WsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.workspace();
+    let mut client = connect(global).await?.workspace();
     match command {
         WsCommand::Get { workspace } => {
             let found = client
