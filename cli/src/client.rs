@@ -97,7 +97,7 @@ impl Connection {
 /// `https://` endpoints are verified against `--ca-cert` when given.
 pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Connection> {
     let endpoint = global.endpoint.as_str();
-    let credentials = Credentials::new(global.token.as_deref(), global.act_as.as_deref())?;
+    let credentials = Credentials::new(global.token.as_ref().map(|token| token.expose()), global.act_as.as_deref())?;
     let uri = normalize_endpoint(endpoint);
     let mut target = Endpoint::from_shared(uri.clone())
         .map_err(|error| anyhow::anyhow!("invalid endpoint {endpoint:?}: {error}"))?

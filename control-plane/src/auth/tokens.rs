@@ -70,6 +70,11 @@ impl TokenStore {
         Ok(Self { path: path.to_owned(), tokens: RwLock::new(Arc::new(tokens)) })
     }
 
+    /// A store from tokens-file text (tests, fuzzing, `--check` tooling); never reloads.
+    pub fn from_text(text: &str) -> Result<Self, String> {
+        Ok(Self { path: PathBuf::new(), tokens: RwLock::new(Arc::new(parse(text)?)) })
+    }
+
     /// Re-reads the file; on any error the previous set stays in force.
     pub fn reload(&self) -> Result<usize, String> {
         let tokens = parse_file(&self.path)?;
@@ -167,7 +172,7 @@ mod tests {
     use super::*;
 
     fn store(text: &str) -> TokenStore {
-        TokenStore { path: PathBuf::new(), tokens: RwLock::new(Arc::new(parse(text).unwrap())) }
+        TokenStore::from_text(text).unwrap()
     }
 
     #[test]
