@@ -202,3 +202,36 @@ async fn unauthenticated_listeners_beyond_loopback_are_refused() {
     let error = berth_node_agent::serve(listener, node, CancellationToken::new()).await.unwrap_err().to_string();
     assert!(error.contains("without credentials"), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn public_listener_serves_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), "public");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut config = ControlPlaneConfig::new("replica-tls");
+    config.tls = Some(TlsFiles { cert: dir.path().join("public.pem"), key: dir.path().join("public.key") });
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    tokio::spawn(berth_control_plane::serve(listener, config, EmbeddedRegistry::new(), cancel.clone()));
+
+    let ca = Certificate::from_pem(std::fs::read(dir.path().join("ca.pem")).unwrap());
+    let tls = ClientTlsConfig::new().ca_certificate(ca);
+    let channel = Endpoint::from_shared(format!("https://{address}")).unwrap().tls_config(tls).unwrap().connect_lazy();
+    let mut client = berth_proto::v1::workspace_service_client::WorkspaceServiceClient::new(channel);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match client.list_workspaces(v1::ListWorkspacesRequest::default()).await {
+            Ok(_) => break,
+            Err(status) => {
+                assert!(tokio::time::Instant::now() < deadline, "no answer over TLS: {status:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // Plain text gets nowhere on a TLS listener.
+    let mut plain = berth_proto::v1::workspace_service_client::WorkspaceServiceClient::new(support::channel(&format!(
+        "http://{address}"
+    )));
+    assert!(plain.list_workspaces(v1::ListWorkspacesRequest::default()).await.is_err());
+}
