@@ -116,6 +116,14 @@ async fn control_plane_with_tokens_and_the_cli() {
     let eve = cli(&endpoint, Some("eve-token-0123456789"), &["exec", &workspace, "--", "true"]);
     assert_eq!(eve.status.code(), Some(1));
     assert!(text(&eve.stderr).contains("not found"), "{}", text(&eve.stderr));
+    // alice shares the workspace with eve through the CLI; then eve may use it.
+    let shared = cli(&endpoint, alice, &["ws", "share", &workspace, "eve", "-o", "json"]);
+    assert!(shared.status.success(), "share: {}", text(&shared.stderr));
+    assert!(text(&shared.stdout).contains("\"eve\""), "{}", text(&shared.stdout));
+    let eve_again = cli(&endpoint, Some("eve-token-0123456789"), &["exec", &workspace, "--", "true"]);
+    assert!(eve_again.status.success(), "eve after the share: {}", text(&eve_again.stderr));
+    let reshare = cli(&endpoint, Some("eve-token-0123456789"), &["ws", "share", &workspace, "mallory"]);
+    assert!(text(&reshare.stderr).contains("permission denied"), "{}", text(&reshare.stderr));
     // A user may not speak for another.
     let spoof = cli(&endpoint, alice, &["session", "create", "--user", "eve", "--agent", "coder"]);
     assert!(text(&spoof.stderr).contains("permission denied"), "{}", text(&spoof.stderr));

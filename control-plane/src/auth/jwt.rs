@@ -197,4 +197,38 @@ mod tests {
         let token = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6OTk5OTk5OTk5OX0.";
         assert!(verifier.authenticate(token).is_err());
     }
+
+    fn openssl(args: &[&str]) {
+        let output = std::process::Command::new("openssl").args(args).output().expect("openssl");
+        assert!(output.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    #[test]
+    fn rs256_and_es256_with_public_keys_and_no_algorithm_confusion() {
+        let dir = tempfile::tempdir().unwrap();
+        for (kind, options, algorithm) in
+            [("RSA", "rsa_keygen_bits:2048", Algorithm::RS256), ("EC", "ec_paramgen_curve:P-256", Algorithm::ES256)]
+        {
+            let private = dir.path().join(format!("{kind}.key"));
+            let public = dir.path().join(format!("{kind}.pub"));
+            let (private_text, public_text) = (private.display().to_string(), public.display().to_string());
+            openssl(&["genpkey", "-algorithm", kind, "-pkeyopt", options, "-out", &private_text]);
+            openssl(&["pkey", "-in", &private_text, "-pubout", "-out", &public_text]);
+            let verifier = JwtVerifier::new(&JwtConfig::new(JwtKey::PublicKey(public.clone()))).unwrap();
+            let pem = std::fs::read(&private).unwrap();
+            let key = match algorithm {
+                Algorithm::RS256 => EncodingKey::from_rsa_pem(&pem).unwrap(),
+                _ => EncodingKey::from_ec_pem(&pem).unwrap(),
+            };
+            let claims = serde_json::json!({"sub": "alice", "exp": now() + 60});
+            let token = jsonwebtoken::encode(&Header::new(algorithm), &claims, &key).unwrap();
+            assert_eq!(verifier.authenticate(&token).unwrap().name, "alice", "{kind}");
+            // The public key used as an HMAC secret must not verify (algorithm confusion).
+            let public_pem = std::fs::read(&public).unwrap();
+            let confused =
+                jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(&public_pem))
+                    .unwrap();
+            assert!(verifier.authenticate(&confused).is_err(), "{kind}: HS256 with the public key accepted");
+        }
+    }
 }
