@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use berth_proto::meta::ErrorKind;
 use berth_proto::v1;
-use futures::StreamExt;
 use support::{ALICE, Client, Creds, Limits, write_messages};
 use tonic::Code;
 
@@ -303,14 +302,23 @@ async fn oversize_inputs_get_typed_statuses_naming_the_limit() {
     // Concurrent execs per workspace: two run, the third is refused at once.
     let mut running = Vec::new();
     for _ in 0..2 {
-        let mut stream = client.exec_stream(exec(vec!["sleep".into(), "3".into()], vec![])).await.unwrap().into_inner();
-        running.push(tokio::spawn(async move { while stream.next().await.is_some() {} }));
+        let stream = client.exec_stream(exec(vec!["sleep".into(), "30".into()], vec![])).await.unwrap().into_inner();
+        running.push(stream);
     }
     let status = client.exec(exec(vec!["true".into()], vec![])).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert_limit(&status, "max-execs-per-workspace", "third concurrent exec");
-    for task in running {
-        task.await.unwrap();
+    // Dropping the streams kills the sleeps and frees the slots.
+    drop(running);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match client.exec(exec(vec!["true".into()], vec![])).await {
+            Ok(_) => break,
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(tokio::time::Instant::now() < deadline, "the slots were never freed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
-    client.exec(exec(vec!["true".into()], vec![])).await.expect("slots free again after the execs end");
 }
