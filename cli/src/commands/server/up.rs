@@ -47,6 +47,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let public = listener.local_addr()?;
+    // Refuse an open listener before anything starts (serve checks again).
+    replica.check_listener(public).map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
     let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening for the node agent")?;
     let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));
     args.node.apply(&mut node);
