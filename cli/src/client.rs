@@ -9,8 +9,12 @@ use std::time::Duration;
 use berth_proto::v1::admin_service_client::AdminServiceClient;
 use berth_proto::v1::contract_service_client::ContractServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
+
+use crate::GlobalArgs;
 
 /// How long to wait for the TCP + HTTP/2 handshake before giving up on the endpoint.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -20,36 +24,102 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// user already chose that cap, so the client should not impose a second, hidden one.
 const MAX_RESPONSE_BYTES: usize = 1 << 30;
 
+/// A channel whose every request carries the CLI's credentials.
+pub type AuthedChannel = InterceptedService<Channel, Credentials>;
+pub type WorkspaceClient = WorkspaceServiceClient<AuthedChannel>;
+pub type AdminClient = AdminServiceClient<AuthedChannel>;
+pub type ContractClient = ContractServiceClient<AuthedChannel>;
+
+/// `--token` and `--act-as`, added to every request (`authorization: Bearer …`,
+/// `x-berth-act-as`). The token is held as a header value only, never printed.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    authorization: Option<MetadataValue<Ascii>>,
+    act_as: Option<MetadataValue<Ascii>>,
+}
+
+impl Credentials {
+    pub fn new(token: Option<&str>, act_as: Option<&str>) -> anyhow::Result<Self> {
+        let authorization = token
+            .filter(|token| !token.is_empty())
+            .map(|token| format!("Bearer {}", token.trim()).parse())
+            .transpose()
+            .map_err(|_| anyhow::anyhow!("the token contains characters not allowed in a header"))?;
+        let act_as = act_as
+            .map(|user| user.parse())
+            .transpose()
+            .map_err(|_| anyhow::anyhow!("--act-as: not a valid user id"))?;
+        Ok(Self { authorization, act_as })
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("Credentials")
+            .field("token", &self.authorization.as_ref().map(|_| "<redacted>"))
+            .field("act_as", &self.act_as)
+            .finish()
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.authorization {
+            request.metadata_mut().insert(berth_proto::auth::AUTHORIZATION, value.clone());
+        }
+        if let Some(value) = &self.act_as {
+            request.metadata_mut().insert(berth_proto::meta::ACT_AS, value.clone());
+        }
+        Ok(request)
+    }
+}
+
 /// An open channel to one control-plane endpoint.
 #[derive(Clone)]
 pub struct Connection {
     channel: Channel,
+    credentials: Credentials,
 }
 
 impl Connection {
-    pub fn workspace(&self) -> WorkspaceServiceClient<Channel> {
-        WorkspaceServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    pub fn workspace(&self) -> WorkspaceClient {
+        WorkspaceServiceClient::with_interceptor(self.channel.clone(), self.credentials.clone())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
-    pub fn contract(&self) -> ContractServiceClient<Channel> {
-        ContractServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    pub fn contract(&self) -> ContractClient {
+        ContractServiceClient::with_interceptor(self.channel.clone(), self.credentials.clone())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
-    pub fn admin(&self) -> AdminServiceClient<Channel> {
-        AdminServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    pub fn admin(&self) -> AdminClient {
+        AdminServiceClient::with_interceptor(self.channel.clone(), self.credentials.clone())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 }
 
-/// Opens a channel to `endpoint` eagerly, so an unreachable control plane is reported as
-/// such (naming the endpoint) instead of as a failure of whatever call came first.
-pub async fn connect(endpoint: &str) -> anyhow::Result<Connection> {
+/// Opens a channel to the `--endpoint` eagerly, so an unreachable control plane is reported
+/// as such (naming the endpoint) instead of as a failure of whatever call came first.
+/// `https://` endpoints are verified against `--ca-cert` when given.
+pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Connection> {
+    let endpoint = global.endpoint.as_str();
+    let credentials = Credentials::new(global.token.as_ref().map(|token| token.expose()), global.act_as.as_deref())?;
     let uri = normalize_endpoint(endpoint);
-    let target = Endpoint::from_shared(uri.clone())
+    let mut target = Endpoint::from_shared(uri.clone())
         .map_err(|error| anyhow::anyhow!("invalid endpoint {endpoint:?}: {error}"))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true);
+    if uri.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new();
+        if let Some(ca) = &global.ca_cert {
+            let pem = std::fs::read(ca).map_err(|error| anyhow::anyhow!("reading {}: {error}", ca.display()))?;
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        }
+        target = target.tls_config(tls).map_err(|error| anyhow::anyhow!("tls: {error}"))?;
+    }
     match target.connect().await {
-        Ok(channel) => Ok(Connection { channel }),
+        Ok(channel) => Ok(Connection { channel, credentials }),
         Err(error) => Err(anyhow::anyhow!("connect to {uri}: {}", describe_connect_error(&error))),
     }
 }

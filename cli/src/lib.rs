@@ -40,6 +40,20 @@ pub struct GlobalArgs {
     /// Output format of commands that print records.
     #[arg(short, long, global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Bearer token sent on every request (control planes running --auth token / jwt).
+    /// Held as a `Secret`, so `Debug` of the flags never shows it.
+    #[arg(long, global = true, env = "BERTH_TOKEN", hide_env_values = true, value_parser = parse_secret)]
+    pub token: Option<berth_proto::auth::Secret>,
+    /// Act for this user (services allowed to act for users; sent as x-berth-act-as).
+    #[arg(long, global = true, env = "BERTH_ACT_AS")]
+    pub act_as: Option<String>,
+    /// CA certificate (PEM) that signed an https:// endpoint's certificate.
+    #[arg(long, global = true, env = "BERTH_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+}
+
+fn parse_secret(text: &str) -> Result<berth_proto::auth::Secret, String> {
+    Ok(berth_proto::auth::Secret::new(text.trim()))
 }
 
 #[derive(Debug, Subcommand)]
@@ -144,6 +158,14 @@ mod tests {
             assert_eq!(cli.global.output, OutputFormat::Json);
             assert_eq!(cli.global.endpoint, "h:1");
         }
+    }
+
+    #[test]
+    fn tokens_are_never_debug_printed() {
+        let cli =
+            Cli::try_parse_from(["berth", "--token", "very-secret-token", "--act-as", "alice", "ws", "list"]).unwrap();
+        assert_eq!(cli.global.token.as_ref().map(|token| token.expose()), Some("very-secret-token"));
+        assert!(!format!("{cli:?}").contains("very-secret-token"));
     }
 
     #[test]

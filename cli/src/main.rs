@@ -11,6 +11,9 @@ fn main() -> ExitCode {
     // Usage errors, --help and --version exit here (2 for usage errors, 0 otherwise).
     let cli = berth::Cli::parse();
     init_tracing(cli.command.default_log_level());
+    // ring is the one crypto provider of the tree (DEPENDENCIES.md); installed once, before
+    // any TLS config is built. An error means one is installed already, which is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,

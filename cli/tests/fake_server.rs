@@ -211,6 +211,12 @@ impl WorkspaceService for Fake {
     async fn make_dir(&self, _: Request<MakeDirRequest>) -> Reply<MakeDirResponse> {
         Err(Status::unimplemented("not in the fake"))
     }
+    async fn share_workspace(&self, _: Request<ShareWorkspaceRequest>) -> Reply<Workspace> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+    async fn unshare_workspace(&self, _: Request<UnshareWorkspaceRequest>) -> Reply<Workspace> {
+        Err(Status::unimplemented("not in the fake"))
+    }
 }
 
 /// Serves `fake` on an ephemeral loopback port for the rest of the test.

@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+use berth_proto::auth::Secret;
+use berth_proto::tls::{ClientTls, TlsFiles};
+
+use crate::auth::AuthConfig;
 use crate::policy::IsolationPolicy;
 
 #[derive(Clone, Debug)]
@@ -29,6 +33,17 @@ pub struct ControlPlaneConfig {
     pub provision_timeout: Duration,
     /// Deadline of unary node calls other than exec.
     pub node_call_timeout: Duration,
+    /// How public callers authenticate (`--auth`).
+    pub auth: AuthConfig,
+    /// Shared secret replicas and node agents present to each other (`--node-secret-file`):
+    /// sent on every node call, required on node heartbeats. `None` only on loopback.
+    pub node_secret: Option<Secret>,
+    /// Mutual TLS towards node agents with `https://` addresses.
+    pub node_tls: Option<ClientTls>,
+    /// TLS of the public listener.
+    pub tls: Option<TlsFiles>,
+    /// Largest gRPC message accepted on the public API (file data is streamed in chunks).
+    pub max_message_bytes: usize,
 }
 
 impl ControlPlaneConfig {
@@ -45,6 +60,12 @@ impl ControlPlaneConfig {
         }
         if self.idle_ttl < Duration::from_secs(1) {
             return Err("idle ttl must be at least 1s".into());
+        }
+        if let Some(secret) = &self.node_secret {
+            secret.validate().map_err(|reason| format!("node secret: {reason}"))?;
+        }
+        if self.max_message_bytes < 64 * 1024 {
+            return Err("max message size must be at least 64 KiB".into());
         }
         if !self.key_prefix.starts_with('/') {
             return Err(format!("key prefix {:?} must start with '/'", self.key_prefix));
@@ -66,7 +87,33 @@ impl ControlPlaneConfig {
             bind_timeout: Duration::from_secs(60),
             provision_timeout: Duration::from_secs(45),
             node_call_timeout: Duration::from_secs(30),
+            auth: AuthConfig::None,
+            node_secret: None,
+            node_tls: None,
+            tls: None,
+            max_message_bytes: 32 * 1024 * 1024,
         }
+    }
+
+    /// Refuses configurations that would expose an unauthenticated listener: `--auth none`
+    /// and a replica without node credentials are for loopback only.
+    pub fn check_listener(&self, address: std::net::SocketAddr) -> Result<(), String> {
+        if address.ip().is_loopback() {
+            return Ok(());
+        }
+        if matches!(self.auth, AuthConfig::None) {
+            return Err(format!(
+                "--auth none is allowed only when every listener is on loopback, and {address} is not: \
+                 anyone who can reach it could act as any user (use --auth token or --auth jwt)"
+            ));
+        }
+        if self.node_secret.is_none() {
+            return Err(format!(
+                "a node secret (--node-secret-file) is needed when listening on {address}: without it \
+                 anyone who can reach the replica could register a node and receive workspaces"
+            ));
+        }
+        Ok(())
     }
 
     /// How often the sweeper looks for idle workspaces.

@@ -3,6 +3,8 @@
 //! Entry point: [`server::serve`]. A replica is stateless: everything it knows comes from the
 //! registry ([`registry::Registry`]), mirrored in memory by [`view::ReplicaView`].
 
+pub mod auth;
+pub mod authz;
 pub mod binding;
 pub mod config;
 pub mod error;

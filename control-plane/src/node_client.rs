@@ -1,40 +1,64 @@
 //! Pooled gRPC clients to node agents, one lazily connected channel per node address.
-//! Every call about a workspace carries the generation the replica expects the node to hold.
+//! Every call about a workspace carries the generation the replica expects the node to hold,
+//! and every call carries the node credential (`authorization: Bearer <node secret>`);
+//! `https://` node addresses are reached over mutual TLS with the cluster CA.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use berth_proto::auth::{BearerInterceptor, Secret};
 use berth_proto::meta;
+use berth_proto::tls::ClientTls;
 use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-pub type NodeAgentClient = NodeAgentServiceClient<Channel>;
+pub type NodeAgentClient = NodeAgentServiceClient<InterceptedService<Channel, BearerInterceptor>>;
 
 /// Channels to node agents keyed by address; a channel reconnects by itself.
-#[derive(Default)]
 pub struct NodeClients {
     channels: Mutex<HashMap<String, NodeAgentClient>>,
+    credential: BearerInterceptor,
+    tls: Option<ClientTlsConfig>,
 }
 
 impl NodeClients {
-    pub fn new() -> Self {
-        Self::default()
+    /// `secret` is sent on every call; `tls` is used for `https://` addresses.
+    pub fn new(secret: Option<Secret>, tls: Option<ClientTls>) -> Result<Self, String> {
+        let tls = tls.map(|tls| tls.config()).transpose().map_err(|error| format!("node tls: {error}"))?;
+        Ok(Self { channels: Mutex::new(HashMap::new()), credential: BearerInterceptor::new(secret.as_ref()), tls })
     }
 
-    /// A client for the node at `address` (`http://host:port`).
+    /// No credentials, no TLS (loopback tests).
+    pub fn insecure() -> Self {
+        Self { channels: Mutex::new(HashMap::new()), credential: BearerInterceptor::default(), tls: None }
+    }
+
+    /// A client for the node at `address` (`http://host:port` or `https://host:port`).
     pub fn get(&self, address: &str) -> Result<NodeAgentClient, tonic::Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(client) = channels.get(address) {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::from_shared(address.to_owned())
-            .map_err(|error| tonic::Status::internal(format!("bad node address {address:?}: {error}")))?
+        let bad_address = |error: String| tonic::Status::internal(format!("bad node address {address:?}: {error}"));
+        let mut endpoint = Endpoint::from_shared(address.to_owned())
+            .map_err(|error| bad_address(error.to_string()))?
             .connect_timeout(Duration::from_secs(3))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
-        let client = NodeAgentServiceClient::new(endpoint.connect_lazy())
+        if address.starts_with("https://") {
+            // A node that advertises TLS is only reached with the cluster CA configured:
+            // never over an unverified connection.
+            let tls = self.tls.clone().ok_or_else(|| {
+                tonic::Status::failed_precondition(format!(
+                    "node {address} serves TLS but this replica has no node TLS configured (--node-ca-cert)"
+                ))
+            })?;
+            endpoint = endpoint.tls_config(tls).map_err(|error| bad_address(error.to_string()))?;
+        }
+        let client = NodeAgentServiceClient::with_interceptor(endpoint.connect_lazy(), self.credential.clone())
             .max_decoding_message_size(64 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024);
         channels.insert(address.to_owned(), client.clone());

@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{AuthLayer, Authenticator};
 use crate::binding::Binder;
 use crate::config::ControlPlaneConfig;
 use crate::heartbeat::HeartbeatService;
@@ -27,9 +28,6 @@ use crate::service::workspace::WorkspaceApi;
 use crate::sweeper::Sweeper;
 use crate::view::ReplicaView;
 
-/// Largest gRPC message accepted or sent (file data is streamed in smaller chunks).
-pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
-
 /// Serves one replica on `listener` until `shutdown` fires, then stops accepting, lets
 /// in-flight calls finish (bounded), and revokes the replica lease so its locks and
 /// leadership free up at once.
@@ -40,9 +38,13 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
+    let local_address = listener.local_addr().map_err(ServeError::Io)?;
+    config.check_listener(local_address).map_err(ServeError::Config)?;
     if config.advertise_address.is_empty() {
-        config.advertise_address = format!("http://{}", listener.local_addr().map_err(ServeError::Io)?);
+        let scheme = if config.tls.is_some() { "https" } else { "http" };
+        config.advertise_address = format!("{scheme}://{local_address}");
     }
+    let authenticator = Authenticator::from_config(&config.auth).map_err(ServeError::Config)?;
     let keys = Keys::new(&config.key_prefix);
     // Background tasks stop on `tasks`, which is cancelled only after the server drained.
     let tasks = CancellationToken::new();
@@ -61,7 +63,11 @@ pub async fn serve(
     )
     .await?;
     let view = ReplicaView::start(Arc::clone(&registry), &keys, tasks.clone()).await?;
-    let nodes = Arc::new(NodeClients::new());
+    if let Authenticator::Tokens(store) = &authenticator {
+        store.reload_on_sighup(tasks.clone());
+    }
+    let nodes =
+        Arc::new(NodeClients::new(config.node_secret.clone(), config.node_tls.clone()).map_err(ServeError::Config)?);
     let binder = Arc::new(Binder::new(
         Arc::clone(&registry),
         keys.clone(),
@@ -83,11 +89,14 @@ pub async fn serve(
         .map_err(|error| ServeError::Config(error.to_string()))?;
 
     let contract_api = ContractServiceServer::new(ContractApi::new(Arc::clone(&router)))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
     let workspace_api = WorkspaceServiceServer::new(WorkspaceApi::new(router))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let admin_api = AdminServiceServer::new(AdminApi::new(Arc::clone(&view)))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
     let heartbeat =
         HeartbeatService::new(Arc::clone(&registry), keys, Arc::clone(&view), config.clone(), shutdown.clone());
     tracing::info!(
@@ -95,9 +104,20 @@ pub async fn serve(
         address = %config.advertise_address,
         registry = registry.name(),
         isolation = %config.isolation,
+        auth = config.auth.name(),
+        node_secret = config.node_secret.is_some(),
+        node_mtls = config.node_tls.is_some(),
+        tls = config.tls.is_some(),
         "control plane serving"
     );
-    let served = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &config.tls {
+        let tls = berth_proto::tls::server_config(tls, None).map_err(ServeError::Config)?;
+        builder = builder.tls_config(tls).map_err(|error| ServeError::Config(format!("tls: {error}")))?;
+    }
+    // Every service below sits behind the auth layer: a service added later is covered.
+    let served = builder
+        .layer(AuthLayer::new(authenticator, config.node_secret.clone()))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
@@ -105,7 +125,7 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(workspace_api)
         .add_service(contract_api)
-        .add_service(AdminServiceServer::new(AdminApi::new(Arc::clone(&view))))
+        .add_service(admin_api)
         .add_service(NodeServiceServer::new(heartbeat))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
         .await;

@@ -58,8 +58,14 @@ async fn harness(provision_delay: Duration) -> Harness {
     .unwrap();
     let mut binder_config = ControlPlaneConfig::new("replica-binder");
     binder_config.bind_timeout = Duration::from_secs(20);
-    let binder =
-        Arc::new(Binder::new(registry, keys, Arc::clone(&view), lease, Arc::new(NodeClients::new()), binder_config));
+    let binder = Arc::new(Binder::new(
+        registry,
+        keys,
+        Arc::clone(&view),
+        lease,
+        Arc::new(NodeClients::insecure()),
+        binder_config,
+    ));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while view.live_nodes().is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "the node never registered");

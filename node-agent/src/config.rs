@@ -4,6 +4,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use berth_proto::auth::Secret;
+use berth_proto::tls::{ClientTls, TlsFiles};
+
 #[derive(Clone, Debug)]
 pub struct NodeAgentConfig {
     pub node_id: String,
@@ -26,6 +29,17 @@ pub struct NodeAgentConfig {
     /// MCP, skills and tree settings (client pool cap and idle timeout, `.mcp` defaults,
     /// archive limits, seed skills).
     pub contract: crate::contract::ContractConfig,
+    /// Shared secret of the control plane (`--node-secret-file`): required on every call
+    /// to this agent and sent on heartbeats. `None` only on a loopback listener.
+    pub node_secret: Option<Secret>,
+    /// Serve over TLS with this identity…
+    pub tls: Option<TlsFiles>,
+    /// …and require client certificates signed by this CA (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+    /// How heartbeats verify `https://` control-plane URLs.
+    pub control_plane_tls: Option<ClientTls>,
+    /// Most execs running at once in one workspace; more get RESOURCE_EXHAUSTED.
+    pub max_execs_per_workspace: u32,
 }
 
 impl NodeAgentConfig {
@@ -42,6 +56,11 @@ impl NodeAgentConfig {
             docker_image: berth_workspace::docker::DEFAULT_IMAGE.to_owned(),
             debug_provision_delay: Duration::ZERO,
             contract: crate::contract::ContractConfig::default(),
+            node_secret: None,
+            tls: None,
+            client_ca: None,
+            control_plane_tls: None,
+            max_execs_per_workspace: 32,
         }
     }
 
@@ -63,7 +82,27 @@ impl NodeAgentConfig {
         {
             return Err(format!("skills seed {} is not a directory", seed.display()));
         }
+        if let Some(secret) = &self.node_secret {
+            secret.validate().map_err(|reason| format!("node secret: {reason}"))?;
+        }
+        if self.client_ca.is_some() && self.tls.is_none() {
+            return Err("a client CA (mutual TLS) needs the node's own certificate and key too".into());
+        }
+        if self.max_execs_per_workspace == 0 {
+            return Err("max execs per workspace must be at least 1".into());
+        }
         Ok(())
+    }
+
+    /// A node agent must know its callers unless it listens on loopback only.
+    pub fn check_listener(&self, address: std::net::SocketAddr) -> Result<(), String> {
+        if address.ip().is_loopback() || self.node_secret.is_some() || self.client_ca.is_some() {
+            return Ok(());
+        }
+        Err(format!(
+            "node agent on {address} without credentials: anyone who reaches it could run commands in \
+             every workspace; use --node-secret-file and/or --tls-cert/--tls-key/--client-ca-cert"
+        ))
     }
 
     pub fn default_backend(&self) -> &str {

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_proto::auth::BearerInterceptor;
 use berth_proto::v1::control_message::Msg as ControlMsg;
 use berth_proto::v1::node_message::Msg as NodeMsg;
 use berth_proto::v1::node_service_client::NodeServiceClient;
@@ -88,15 +89,21 @@ impl Heartbeater {
     }
 
     async fn session(&self, endpoint: &str, cancel: &CancellationToken) -> Result<SessionEnd, String> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
+        let mut target = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|error| format!("bad control-plane URL {endpoint:?}: {error}"))?
             .connect_timeout(Duration::from_secs(2))
             .http2_keep_alive_interval(Duration::from_secs(2))
-            .keep_alive_timeout(Duration::from_secs(2))
-            .connect()
-            .await
-            .map_err(|error| format!("connect: {error}"))?;
-        let mut client = NodeServiceClient::new(channel);
+            .keep_alive_timeout(Duration::from_secs(2));
+        if endpoint.starts_with("https://") {
+            let tls = self.config.control_plane_tls.as_ref().ok_or_else(|| {
+                format!("{endpoint} is https but no control-plane CA is configured (--control-plane-ca-cert)")
+            })?;
+            target = target.tls_config(tls.config()?).map_err(|error| format!("tls: {error}"))?;
+        }
+        let channel = target.connect().await.map_err(|error| format!("connect: {error}"))?;
+        // The replica refuses a heartbeat without the node credential when it has one.
+        let credential = BearerInterceptor::new(self.config.node_secret.as_ref());
+        let mut client = NodeServiceClient::with_interceptor(channel, credential);
         let (outbound, receiver) = mpsc::channel(8);
         let (lease_id, node_generation) = {
             let lease = self.lease();

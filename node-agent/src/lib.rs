@@ -3,6 +3,7 @@
 //!
 //! Entry point: [`server::serve`].
 
+pub mod auth;
 pub mod config;
 pub mod contract;
 pub mod drivers;

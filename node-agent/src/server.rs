@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::NodeAuthLayer;
 use crate::config::NodeAgentConfig;
 use crate::contract::Contract;
 use crate::fence::Fence;
@@ -39,8 +40,11 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
+    let local_address = listener.local_addr()?;
+    config.check_listener(local_address).map_err(ServeError::Config)?;
     if config.advertise_address.is_empty() {
-        config.advertise_address = format!("http://{}", listener.local_addr()?);
+        let scheme = if config.tls.is_some() { "https" } else { "http" };
+        config.advertise_address = format!("{scheme}://{local_address}");
     }
     let drivers = crate::drivers::build(&config).await?;
     let workspaces = Arc::new(Workspaces::new(
@@ -67,12 +71,30 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|error| ServeError::Config(error.to_string()))?;
-    let api =
-        NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&workspaces), fence, config.max_file_bytes, contract))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    tracing::info!(node_id = %config.node_id, address = %config.advertise_address, backends = ?config.backends, "node agent serving");
-    let served = tonic::transport::Server::builder()
+    let api = NodeAgentServiceServer::new(NodeAgentApi::new(
+        Arc::clone(&workspaces),
+        fence,
+        config.max_file_bytes,
+        config.max_execs_per_workspace,
+        contract,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tracing::info!(
+        node_id = %config.node_id,
+        address = %config.advertise_address,
+        backends = ?config.backends,
+        node_secret = config.node_secret.is_some(),
+        mtls = config.client_ca.is_some(),
+        "node agent serving"
+    );
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &config.tls {
+        let tls = berth_proto::tls::server_config(tls, config.client_ca.as_deref()).map_err(ServeError::Config)?;
+        builder = builder.tls_config(tls).map_err(|error| ServeError::Config(format!("tls: {error}")))?;
+    }
+    let served = builder
+        .layer(NodeAuthLayer::new(config.node_secret.clone()))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))

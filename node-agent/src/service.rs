@@ -30,22 +30,34 @@ pub struct NodeAgentApi {
     workspaces: Arc<Workspaces>,
     fence: Arc<Fence>,
     max_file_bytes: u64,
+    max_execs_per_workspace: u32,
     contract: Arc<Contract>,
 }
 
-/// Keeps the in-flight exec count of a workspace while alive.
+/// One admitted exec of a workspace; holds its slot while alive.
+///
+/// The in-flight counter is the workspace's semaphore: admission is a try-acquire (no
+/// queue), because a queued exec would sit on a gRPC stream and its own timeout budget
+/// while the caller cannot tell it is waiting. The N+1st exec fails at once.
 struct InFlight(Arc<Entry>);
 
 impl InFlight {
-    fn start(entry: &Arc<Entry>) -> Self {
-        entry.execs_in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(Arc::clone(entry))
+    fn start(entry: &Arc<Entry>, max: u32) -> Result<Self, Status> {
+        let previous = entry.execs_in_flight.fetch_add(1, Ordering::AcqRel);
+        if previous >= max {
+            entry.execs_in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(ErrorKind::LimitExceeded.attach(Status::resource_exhausted(format!(
+                "concurrent execs per workspace exceeded: {} > {max} (node --max-execs-per-workspace)",
+                previous + 1
+            ))));
+        }
+        Ok(Self(Arc::clone(entry)))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.execs_in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.execs_in_flight.fetch_sub(1, Ordering::AcqRel);
         self.0.touch();
     }
 }
@@ -63,8 +75,14 @@ fn rel_path(value: &str) -> Result<RelPath, Status> {
 }
 
 impl NodeAgentApi {
-    pub fn new(workspaces: Arc<Workspaces>, fence: Arc<Fence>, max_file_bytes: u64, contract: Arc<Contract>) -> Self {
-        Self { workspaces, fence, max_file_bytes, contract }
+    pub fn new(
+        workspaces: Arc<Workspaces>,
+        fence: Arc<Fence>,
+        max_file_bytes: u64,
+        max_execs_per_workspace: u32,
+        contract: Arc<Contract>,
+    ) -> Self {
+        Self { workspaces, fence, max_file_bytes, max_execs_per_workspace, contract }
     }
 
     /// [`Self::backend`] for the contract calls: the workspace id and its runtime.
@@ -178,7 +196,7 @@ impl NodeAgentService for NodeAgentApi {
     async fn exec(&self, request: Request<v1::ExecRequest>) -> Result<Response<v1::ExecResult>, Status> {
         let (entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
         let spec = exec_spec_from_proto(request.get_ref()).map_err(status)?;
-        let _in_flight = InFlight::start(&entry);
+        let _in_flight = InFlight::start(&entry, self.max_execs_per_workspace)?;
         let output = backend.exec(&spec).await.map_err(status)?;
         Ok(Response::new(exec_output_to_proto(output)))
     }
@@ -188,7 +206,7 @@ impl NodeAgentService for NodeAgentApi {
     async fn exec_stream(&self, request: Request<v1::ExecRequest>) -> Result<Response<Self::ExecStreamStream>, Status> {
         let (entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
         let spec = exec_spec_from_proto(request.get_ref()).map_err(status)?;
-        let in_flight = InFlight::start(&entry);
+        let in_flight = InFlight::start(&entry, self.max_execs_per_workspace)?;
         let events = backend.exec_stream(&spec).await.map_err(status)?;
         // The guard lives as long as the stream; dropping the stream kills the process.
         let stream = events.map(move |event| {

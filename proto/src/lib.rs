@@ -9,9 +9,11 @@ pub mod v1 {
     tonic::include_proto!("berth.v1");
 }
 
+pub mod auth;
 pub mod contract;
 pub mod convert;
 pub mod meta;
+pub mod tls;
 
 /// Encoded file descriptor set, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("berth_descriptor");

@@ -109,7 +109,7 @@ pub async fn run(args: ExecArgs, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow
     if let Some(deadline) = rpc_deadline(args.timeout) {
         request.set_timeout(deadline);
     }
-    let mut client = connect(&global.endpoint).await?.workspace();
+    let mut client = connect(global).await?.workspace();
     let what = || format!("exec on {}", args.workspace);
 
     let result = if args.stream {

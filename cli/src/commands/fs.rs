@@ -147,7 +147,7 @@ pub async fn run(command: FsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
         }
         other => other,
     };
-    let mut client = connect(&global.endpoint).await?.workspace();
+    let mut client = connect(global).await?.workspace();
     match command {
         FsCommand::Write(args) => {
             let header = WriteFileHeader {

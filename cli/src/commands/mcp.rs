@@ -126,7 +126,7 @@ impl McpServerView {
 }
 
 pub async fn run(command: McpCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.contract();
+    let mut client = connect(global).await?.contract();
     match command {
         McpCommand::Add(args) => {
             let transport = match (args.command, args.url) {

@@ -87,7 +87,7 @@ pub fn nodes_table(nodes: &[NodeInfo], now: SystemTime) -> Table {
 pub async fn run(command: NodesCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
     match command {
         NodesCommand::List => {
-            let mut client = connect(&global.endpoint).await?.admin();
+            let mut client = connect(global).await?.admin();
             let mut nodes =
                 client.list_nodes(ListNodesRequest {}).await.rpc_context(|| "list nodes")?.into_inner().nodes;
             nodes.sort_by(|left, right| left.node_id.cmp(&right.node_id));

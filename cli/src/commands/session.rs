@@ -29,9 +29,9 @@ pub enum SessionCommand {
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
-    /// User the session belongs to.
+    /// User the session belongs to (default: the caller's own user, or --act-as).
     #[arg(long)]
-    pub user: String,
+    pub user: Option<String>,
     /// Agent the session belongs to.
     #[arg(long)]
     pub agent: String,
@@ -61,7 +61,7 @@ pub struct CreateArgs {
 impl CreateArgs {
     pub fn to_request(&self) -> CreateSessionRequest {
         CreateSessionRequest {
-            user_id: self.user.clone(),
+            user_id: self.user.clone().unwrap_or_default(),
             agent_id: self.agent.clone(),
             session_id: self.session.clone().unwrap_or_default(),
             workspace_id: self.workspace.clone().unwrap_or_default(),
@@ -112,13 +112,19 @@ fn session_table(session: &Session) -> Table {
 }
 
 pub async fn run(command: SessionCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.workspace();
+    let mut client = connect(global).await?.workspace();
     match command {
         SessionCommand::Create(args) => {
             let session = client
                 .create_session(args.to_request())
                 .await
-                .rpc_context(|| format!("create session for user {} agent {}", args.user, args.agent))?
+                .rpc_context(|| {
+                    format!(
+                        "create session for user {} agent {}",
+                        args.user.as_deref().unwrap_or("(caller)"),
+                        args.agent
+                    )
+                })?
                 .into_inner();
             emit(io, global.output, &SessionView::from(&session), || session_table(&session)).await?;
         }

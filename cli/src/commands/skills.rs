@@ -37,7 +37,7 @@ pub enum SkillsCommand {
 }
 
 pub async fn run(command: SkillsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.contract();
+    let mut client = connect(global).await?.contract();
     match command {
         SkillsCommand::Add { workspace, path, name, replace } => {
             let (sender, mut chunks) = mpsc::channel::<anyhow::Result<Vec<u8>>>(4);

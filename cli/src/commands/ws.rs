@@ -1,8 +1,12 @@
-//! `berth ws get | list | close`: workspaces as the control plane records them.
+//! `berth ws get | list | close | share | unshare`: workspaces as the control plane records
+//! them.
 
 use std::collections::{BTreeMap, HashSet};
 
-use berth_proto::v1::{CloseWorkspaceRequest, GetWorkspaceRequest, ListWorkspacesRequest, Workspace, WorkspaceSpec};
+use berth_proto::v1::{
+    CloseWorkspaceRequest, GetWorkspaceRequest, ListWorkspacesRequest, ShareWorkspaceRequest, UnshareWorkspaceRequest,
+    Workspace, WorkspaceSpec,
+};
 use clap::Subcommand;
 use serde::Serialize;
 
@@ -39,6 +43,20 @@ pub enum WsCommand {
         /// Workspace id.
         workspace: String,
     },
+    /// Let another user use a workspace (owner or admin only).
+    Share {
+        /// Workspace id.
+        workspace: String,
+        /// User to share it with.
+        user: String,
+    },
+    /// Take back a share.
+    Unshare {
+        /// Workspace id.
+        workspace: String,
+        /// User to take it from.
+        user: String,
+    },
 }
 
 /// JSON form of a workspace.
@@ -56,6 +74,7 @@ pub struct WorkspaceView {
     pub updated_at: Option<String>,
     pub failure: String,
     pub spec: Option<SpecView>,
+    pub shared_with: Vec<String>,
 }
 
 /// JSON form of a workspace spec; maps sorted so output is stable between runs.
@@ -105,6 +124,7 @@ impl From<&Workspace> for WorkspaceView {
             updated_at: rfc3339_opt(workspace.updated_at.as_ref()),
             failure: workspace.failure.clone(),
             spec: workspace.spec.as_ref().map(SpecView::from),
+            shared_with: workspace.shared_with.clone(),
         }
     }
 }
@@ -149,6 +169,9 @@ fn workspace_detail_table(workspace: &Workspace) -> Table {
     if !view.failure.is_empty() {
         field("failure", view.failure);
     }
+    if !view.shared_with.is_empty() {
+        field("shared with", view.shared_with.join(","));
+    }
     if let Some(spec) = view.spec {
         field("image", cell(&spec.image));
         field("network", spec.network.to_string());
@@ -163,7 +186,7 @@ fn workspace_detail_table(workspace: &Workspace) -> Table {
 }
 
 pub async fn run(command: WsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.workspace();
+    let mut client = connect(global).await?.workspace();
     match command {
         WsCommand::Get { workspace } => {
             let found = client
@@ -211,6 +234,22 @@ pub async fn run(command: WsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
             };
             emit_message(io, global.output, &json, &message).await?;
         }
+        WsCommand::Share { workspace, user } => {
+            let updated = client
+                .share_workspace(ShareWorkspaceRequest { workspace_id: workspace.clone(), user_id: user.clone() })
+                .await
+                .rpc_context(|| format!("share workspace {workspace} with {user}"))?
+                .into_inner();
+            emit(io, global.output, &WorkspaceView::from(&updated), || workspace_detail_table(&updated)).await?;
+        }
+        WsCommand::Unshare { workspace, user } => {
+            let updated = client
+                .unshare_workspace(UnshareWorkspaceRequest { workspace_id: workspace.clone(), user_id: user.clone() })
+                .await
+                .rpc_context(|| format!("unshare workspace {workspace} from {user}"))?
+                .into_inner();
+            emit(io, global.output, &WorkspaceView::from(&updated), || workspace_detail_table(&updated)).await?;
+        }
     }
     Ok(0)
 }
@@ -233,6 +272,11 @@ mod tests {
     #[test]
     fn every_ws_command_parses() {
         assert!(matches!(parse_ws(&["get", "ws-1"]), Ok(WsCommand::Get { workspace }) if workspace == "ws-1"));
+        assert!(matches!(
+            parse_ws(&["share", "ws-1", "bob"]),
+            Ok(WsCommand::Share { workspace, user }) if workspace == "ws-1" && user == "bob"
+        ));
+        assert!(matches!(parse_ws(&["unshare", "ws-1", "bob"]), Ok(WsCommand::Unshare { .. })));
         assert!(matches!(parse_ws(&["list"]), Ok(WsCommand::List { user: None, agent: None })));
         assert!(matches!(
             parse_ws(&["list", "--user", "u", "--agent", "a"]),

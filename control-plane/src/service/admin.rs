@@ -7,6 +7,7 @@ use berth_proto::v1::admin_service_server::AdminService;
 use berth_proto::v1::{self, NodeState};
 use tonic::{Request, Response, Status};
 
+use crate::authz::{Caller, require_admin};
 use crate::view::ReplicaView;
 
 pub struct AdminApi {
@@ -23,8 +24,9 @@ impl AdminApi {
 impl AdminService for AdminApi {
     async fn list_nodes(
         &self,
-        _request: Request<v1::ListNodesRequest>,
+        request: Request<v1::ListNodesRequest>,
     ) -> Result<Response<v1::ListNodesResponse>, Status> {
+        require_admin(Caller::of(&request)?.principal())?;
         let mut nodes: Vec<v1::NodeInfo> = self
             .view
             .live_nodes()

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::authz::{Access, Action, Caller};
 use crate::error::ControlPlaneError;
 use crate::node_client::{NodeAgentClient, node_request};
 use crate::router::{Router, Target};
@@ -34,13 +35,21 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 pub struct ContractApi {
     router: Arc<Router>,
+    access: Access,
     node_call_timeout: Duration,
 }
 
 impl ContractApi {
     pub fn new(router: Arc<Router>) -> Self {
         let node_call_timeout = router.binder().config.node_call_timeout;
-        Self { router, node_call_timeout }
+        let access = Access::new(Arc::clone(router.binder()));
+        Self { router, access, node_call_timeout }
+    }
+
+    /// The caller may use the workspace (the one check of every contract call; see
+    /// `authz.rs`). Everything here reads or changes workspace content: `Action::Use`.
+    async fn authorize(&self, caller: &Caller, workspace_id: &str) -> Result<WorkspaceId, Status> {
+        Ok(self.access.workspace(caller, workspace_id, Action::Use).await?.0)
     }
 
     /// Forwards a unary call with one retry on a stale route.
@@ -63,10 +72,6 @@ impl ContractApi {
             })
             .await
     }
-}
-
-fn workspace_id(value: &str) -> Result<WorkspaceId, Status> {
-    Ok(WorkspaceId::new(value).map_err(ControlPlaneError::from)?)
 }
 
 fn invalid(error: berth_workspace::WorkspaceError) -> Status {
@@ -135,8 +140,9 @@ where
 #[tonic::async_trait]
 impl ContractService for ContractApi {
     async fn add_mcp(&self, request: Request<v1::AddMcpRequest>) -> Result<Response<v1::AddMcpResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         mcp_spec_from_proto(message.server.clone()).map_err(invalid)?;
         self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
             client.add_mcp(request).await
@@ -148,8 +154,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::RemoveMcpRequest>,
     ) -> Result<Response<v1::RemoveMcpResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         check_mcp_target(&message.name, None).map_err(invalid)?;
         self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
             client.remove_mcp(request).await
@@ -158,8 +165,9 @@ impl ContractService for ContractApi {
     }
 
     async fn list_mcps(&self, request: Request<v1::ListMcpsRequest>) -> Result<Response<v1::ListMcpsResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
             client.list_mcps(request).await
         })
@@ -170,8 +178,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::ListMcpToolsRequest>,
     ) -> Result<Response<v1::ListMcpToolsResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         check_mcp_target(&message.server, None).map_err(invalid)?;
         let deadline = mcp_deadline(message.timeout_ms);
         self.forward(&id, message, deadline, |mut client, request| async move { client.list_mcp_tools(request).await })
@@ -182,8 +191,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::CallMcpToolRequest>,
     ) -> Result<Response<v1::CallMcpToolResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         check_mcp_target(&message.server, Some(&message.tool)).map_err(invalid)?;
         tool_arguments(&message.arguments_json).map_err(invalid)?;
         let deadline = mcp_deadline(message.timeout_ms);
@@ -195,12 +205,13 @@ impl ContractService for ContractApi {
         &self,
         request: Request<Streaming<v1::AddSkillRequest>>,
     ) -> Result<Response<v1::AddSkillResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let mut inbound = request.into_inner();
         let first = header_of(&mut inbound).await?;
         let Some(add_skill_request::Msg::Header(header)) = &first.msg else {
             return Err(Status::invalid_argument("the first AddSkill message must be a header"));
         };
-        let id = workspace_id(&header.workspace_id)?;
+        let id = self.authorize(&caller, &header.workspace_id).await?;
         check_skill_name(&header.name, false).map_err(invalid)?;
         let target = self.router.target(&id).await?;
         pipe(target, first, inbound, |mut client, request| async move { client.add_skill(request).await }).await
@@ -210,8 +221,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::RemoveSkillRequest>,
     ) -> Result<Response<v1::RemoveSkillResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         check_skill_name(&message.name, true).map_err(invalid)?;
         self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
             client.remove_skill(request).await
@@ -223,8 +235,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::ListSkillsRequest>,
     ) -> Result<Response<v1::ListSkillsResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
             client.list_skills(request).await
         })
@@ -232,8 +245,9 @@ impl ContractService for ContractApi {
     }
 
     async fn get_skill(&self, request: Request<v1::GetSkillRequest>) -> Result<Response<v1::GetSkillResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         check_skill_name(&message.name, true).map_err(invalid)?;
         self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
             client.get_skill(request).await
@@ -245,8 +259,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::OffloadContextRequest>,
     ) -> Result<Response<v1::OffloadContextResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         berth_workspace::offload::validate_session_id(&message.session_id).map_err(invalid)?;
         context_messages(&message.messages_json).map_err(invalid)?;
         self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
@@ -259,8 +274,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::OffloadToolResultRequest>,
     ) -> Result<Response<v1::OffloadToolResultResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         berth_workspace::offload::validate_session_id(&message.session_id).map_err(invalid)?;
         if message.content.len() > berth_workspace::offload::MAX_TOOL_RESULT_BYTES {
             return Err(invalid(berth_workspace::WorkspaceError::LimitExceeded {
@@ -279,12 +295,13 @@ impl ContractService for ContractApi {
         &self,
         request: Request<Streaming<v1::UploadTreeRequest>>,
     ) -> Result<Response<v1::UploadTreeResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let mut inbound = request.into_inner();
         let first = header_of(&mut inbound).await?;
         let Some(upload_tree_request::Msg::Header(header)) = &first.msg else {
             return Err(Status::invalid_argument("the first UploadTree message must be a header"));
         };
-        let id = workspace_id(&header.workspace_id)?;
+        let id = self.authorize(&caller, &header.workspace_id).await?;
         tree_destination(&header.path).map_err(invalid)?;
         let target = self.router.target(&id).await?;
         pipe(target, first, inbound, |mut client, request| async move { client.upload_tree(request).await }).await
@@ -296,8 +313,9 @@ impl ContractService for ContractApi {
         &self,
         request: Request<v1::DownloadTreeRequest>,
     ) -> Result<Response<Self::DownloadTreeStream>, Status> {
+        let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
+        let id = self.authorize(&caller, &message.workspace_id).await?;
         RelPath::parse(&message.path).map_err(invalid)?;
         // Streams can be long: no overall deadline (keep-alive notices a dead node).
         let response = self

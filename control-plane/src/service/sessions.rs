@@ -7,6 +7,8 @@ use berth_proto::v1;
 use berth_workspace::{WorkspaceId, validate_id};
 use tonic::Status;
 
+use crate::auth::Principal;
+use crate::authz::{self, Access, Action, Caller};
 use crate::binding::{BindRequest, NewWorkspace};
 use crate::error::ControlPlaneError;
 use crate::node_client::node_request;
@@ -15,21 +17,28 @@ use crate::records::{self, RECORD_VERSION, SessionRecord, StoredState, Workspace
 use crate::router::Router;
 use crate::view::EffectiveState;
 
+mod sharing;
+
+pub use sharing::MAX_SHARED_WITH;
+
 /// Largest page of ListWorkspaces.
 const MAX_PAGE: usize = 1000;
 
 pub struct Sessions {
     router: Arc<Router>,
+    access: Access,
 }
 
 impl Sessions {
-    pub fn new(router: Arc<Router>) -> Self {
-        Self { router }
+    pub fn new(router: Arc<Router>, access: Access) -> Self {
+        Self { router, access }
     }
 
-    pub async fn create(&self, request: v1::CreateSessionRequest) -> Result<v1::Session, Status> {
+    pub async fn create(&self, caller: &Caller, request: v1::CreateSessionRequest) -> Result<v1::Session, Status> {
         let binder = self.router.binder();
-        let user = non_empty_id("user id", &request.user_id)?;
+        // The user comes from the principal; only a service acting for users names another.
+        let user = authz::user_for(caller.principal(), &request.user_id)?;
+        let effective = acting_as(caller.principal(), &user);
         let agent = non_empty_id("agent id", &request.agent_id)?;
         let session_id = if request.session_id.is_empty() { mint_session_id() } else { request.session_id.clone() };
         validate_id("session id", &session_id).map_err(ControlPlaneError::from)?;
@@ -39,21 +48,34 @@ impl Sessions {
         let spec = spec_from_proto(request.spec);
         spec.validate().map_err(ControlPlaneError::from)?;
         let policy = binder.config.isolation;
-        let workspace_id = if request.workspace_id.is_empty() {
-            assign_workspace_id(policy, &user, &agent, &session_id)
-        } else {
+        let explicit = !request.workspace_id.is_empty();
+        let workspace_id = if explicit {
             request.workspace_id.clone()
+        } else {
+            assign_workspace_id(policy, &user, &agent, &session_id)
         };
         let workspace_id = WorkspaceId::new(workspace_id).map_err(ControlPlaneError::from)?;
-        let owner = if policy == IsolationPolicy::Global && request.workspace_id.is_empty() {
-            String::new()
-        } else {
-            user.clone()
-        };
+        caller.note_workspace(workspace_id.as_str());
+        if explicit {
+            match self.access.record(&workspace_id).await? {
+                // Joining an existing workspace needs access to it.
+                Some(record) => authz::authorize(&effective, &record, Action::Use)?,
+                // Policy ids are derivable by anyone: creating one explicitly would squat on
+                // another user's future workspace.
+                None if is_policy_id(workspace_id.as_str()) => {
+                    return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()).into());
+                }
+                None => {}
+            }
+        }
+        let owner = if policy == IsolationPolicy::Global && !explicit { String::new() } else { user.clone() };
         let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec };
         let record = binder
             .ensure_ready(BindRequest { create: Some(create), ..BindRequest::existing(workspace_id.clone()) })
             .await?;
+        // Checked again on what the bind returned: a concurrent create of the same explicit
+        // id by someone else wins the record, and then this caller must not get it.
+        authz::authorize(&effective, &record, Action::Use)?;
 
         let session = SessionRecord {
             version: RECORD_VERSION,
@@ -87,8 +109,11 @@ impl Sessions {
         }
     }
 
-    pub async fn get(&self, session_id: &str) -> Result<v1::Session, Status> {
-        Ok(session_to_proto(&self.read_session(session_id).await?))
+    pub async fn get(&self, caller: &Caller, session_id: &str) -> Result<v1::Session, Status> {
+        let session = self.read_session(session_id).await?;
+        caller.note_workspace(session.workspace_id.as_str());
+        authz::authorize_session(caller.principal(), &session)?;
+        Ok(session_to_proto(&session))
     }
 
     async fn read_session(&self, session_id: &str) -> Result<SessionRecord, Status> {
@@ -100,35 +125,28 @@ impl Sessions {
         Ok(records::decode(&key, &kv.value).map_err(ControlPlaneError::from)?)
     }
 
-    pub async fn close(&self, session_id: &str) -> Result<v1::CloseSessionResponse, Status> {
+    pub async fn close(&self, caller: &Caller, session_id: &str) -> Result<v1::CloseSessionResponse, Status> {
         let binder = self.router.binder();
-        validate_id("session id", session_id).map_err(ControlPlaneError::from)?;
+        let session = self.read_session(session_id).await?;
+        caller.note_workspace(session.workspace_id.as_str());
+        authz::authorize_session(caller.principal(), &session)?;
         if !binder.registry.delete(&binder.keys.session(session_id)).await.map_err(ControlPlaneError::from)? {
             return Err(ControlPlaneError::SessionNotFound(session_id.to_owned()).into());
         }
         Ok(v1::CloseSessionResponse {})
     }
 
-    /// The workspace record: from the view, else a linearizable read (a workspace created
-    /// a moment ago through another replica may not be in our view yet).
-    pub async fn record(&self, workspace_id: &WorkspaceId) -> Result<Arc<WorkspaceRecord>, Status> {
-        let binder = self.router.binder();
-        if let Some(entry) = binder.view.workspace(workspace_id.as_str()) {
-            return Ok(entry.record);
-        }
-        let (found, _) = binder.read_record(&binder.keys.workspace(workspace_id)).await?;
-        match found {
-            Some((record, _)) => Ok(Arc::new(record)),
-            None => Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()).into()),
-        }
-    }
-
-    pub async fn get_workspace(&self, workspace_id: &WorkspaceId) -> Result<v1::Workspace, Status> {
-        let record = self.record(workspace_id).await?;
+    pub async fn get_workspace(&self, caller: &Caller, workspace_id: &str) -> Result<v1::Workspace, Status> {
+        let (_, record) = self.access.workspace(caller, workspace_id, Action::View).await?;
         Ok(self.workspace_to_proto(&record))
     }
 
-    pub fn list_workspaces(&self, request: &v1::ListWorkspacesRequest) -> Result<v1::ListWorkspacesResponse, Status> {
+    /// Lists what the caller may see, nothing else (not even a count).
+    pub fn list_workspaces(
+        &self,
+        caller: &Caller,
+        request: &v1::ListWorkspacesRequest,
+    ) -> Result<v1::ListWorkspacesResponse, Status> {
         let binder = self.router.binder();
         let page_size = match request.page_size as usize {
             0 => 100,
@@ -140,6 +158,7 @@ impl Sessions {
             .all()
             .into_iter()
             .map(|entry| entry.record)
+            .filter(|record| authz::authorize(caller.principal(), record, Action::View).is_ok())
             .filter(|record| request.user_id.is_empty() || record.owner == request.user_id)
             .filter(|record| request.agent_id.is_empty() || record.agent == request.agent_id)
             .filter(|record| request.page_token.is_empty() || record.id.as_str() > request.page_token.as_str())
@@ -159,9 +178,12 @@ impl Sessions {
     /// under its bind lock so it cannot race a bind or the sweeper.
     pub async fn close_workspace(
         &self,
-        workspace_id: &WorkspaceId,
+        caller: &Caller,
+        workspace_id: &str,
         destroy: bool,
     ) -> Result<v1::CloseWorkspaceResponse, Status> {
+        let (workspace_id, _) = self.access.workspace(caller, workspace_id, Action::Manage).await?;
+        let workspace_id = &workspace_id;
         let binder = self.router.binder();
         let Some(fence) = binder.try_lock(workspace_id).await? else {
             return Err(berth_proto::meta::mark_retryable(Status::aborted(format!(
@@ -234,8 +256,24 @@ impl Sessions {
             created_at: Some(timestamp_from_unix_ms(record.created_at_ms)),
             updated_at: Some(timestamp_from_unix_ms(record.updated_at_ms)),
             failure: record.failure.clone().unwrap_or_default(),
+            shared_with: record.shared_with.clone(),
         }
     }
+}
+
+/// The principal as checked for `user`: a principal acting for users is checked as the
+/// user it names (body `user_id` or `x-berth-act-as`).
+fn acting_as(principal: &Principal, user: &str) -> Principal {
+    if principal.may_act_for_users() {
+        Principal { acting_for: Some(user.to_owned()), ..principal.clone() }
+    } else {
+        principal.clone()
+    }
+}
+
+/// Whether `id` has the form of an id the isolation policy assigns (`ws-` + 64 hex digits).
+pub fn is_policy_id(id: &str) -> bool {
+    id.strip_prefix("ws-").is_some_and(|hash| hash.len() == 64 && hash.bytes().all(|byte| byte.is_ascii_hexdigit()))
 }
 
 fn non_empty_id(kind: &'static str, value: &str) -> Result<String, Status> {

@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::sessions::Sessions;
+use crate::authz::{Access, Action, Caller};
 use crate::error::ControlPlaneError;
 use crate::node_client::node_request;
 use crate::router::Router;
@@ -27,18 +28,28 @@ const EXEC_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 pub struct WorkspaceApi {
     router: Arc<Router>,
     sessions: Sessions,
+    access: Access,
     node_call_timeout: Duration,
 }
 
 impl WorkspaceApi {
     pub fn new(router: Arc<Router>) -> Self {
         let node_call_timeout = router.binder().config.node_call_timeout;
-        Self { sessions: Sessions::new(Arc::clone(&router)), router, node_call_timeout }
+        let access = Access::new(Arc::clone(router.binder()));
+        Self { sessions: Sessions::new(Arc::clone(&router), access.clone()), router, access, node_call_timeout }
     }
-}
 
-fn workspace_id(value: &str) -> Result<WorkspaceId, Status> {
-    Ok(WorkspaceId::new(value).map_err(ControlPlaneError::from)?)
+    /// Authorizes `action` on the workspace for the request's caller (the one check of
+    /// every workspace call; see `authz.rs`).
+    async fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        workspace_id: &str,
+        action: Action,
+    ) -> Result<WorkspaceId, Status> {
+        let caller = Caller::of(request)?;
+        Ok(self.access.workspace(&caller, workspace_id, action).await?.0)
+    }
 }
 
 fn check_path(path: &str) -> Result<(), Status> {
@@ -54,47 +65,51 @@ impl WorkspaceService for WorkspaceApi {
         &self,
         request: Request<v1::CreateSessionRequest>,
     ) -> Result<Response<v1::Session>, Status> {
-        Ok(Response::new(self.sessions.create(request.into_inner()).await?))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.sessions.create(&caller, request.into_inner()).await?))
     }
 
     async fn get_session(&self, request: Request<v1::GetSessionRequest>) -> Result<Response<v1::Session>, Status> {
-        Ok(Response::new(self.sessions.get(&request.into_inner().session_id).await?))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.sessions.get(&caller, &request.into_inner().session_id).await?))
     }
 
     async fn close_session(
         &self,
         request: Request<v1::CloseSessionRequest>,
     ) -> Result<Response<v1::CloseSessionResponse>, Status> {
-        Ok(Response::new(self.sessions.close(&request.into_inner().session_id).await?))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.sessions.close(&caller, &request.into_inner().session_id).await?))
     }
 
     async fn get_workspace(
         &self,
         request: Request<v1::GetWorkspaceRequest>,
     ) -> Result<Response<v1::Workspace>, Status> {
-        let id = workspace_id(&request.into_inner().workspace_id)?;
-        Ok(Response::new(self.sessions.get_workspace(&id).await?))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.sessions.get_workspace(&caller, &request.into_inner().workspace_id).await?))
     }
 
     async fn list_workspaces(
         &self,
         request: Request<v1::ListWorkspacesRequest>,
     ) -> Result<Response<v1::ListWorkspacesResponse>, Status> {
-        Ok(Response::new(self.sessions.list_workspaces(request.get_ref())?))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.sessions.list_workspaces(&caller, request.get_ref())?))
     }
 
     async fn close_workspace(
         &self,
         request: Request<v1::CloseWorkspaceRequest>,
     ) -> Result<Response<v1::CloseWorkspaceResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let id = workspace_id(&request.workspace_id)?;
-        Ok(Response::new(self.sessions.close_workspace(&id, request.destroy).await?))
+        Ok(Response::new(self.sessions.close_workspace(&caller, &request.workspace_id, request.destroy).await?))
     }
 
     async fn exec(&self, request: Request<v1::ExecRequest>) -> Result<Response<v1::ExecResult>, Status> {
+        let id = self.authorize(&request, &request.get_ref().workspace_id, Action::Use).await?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
         let spec = exec_spec_from_proto(&message).map_err(ControlPlaneError::from)?;
         let deadline = spec.timeout + EXEC_DEADLINE_MARGIN;
         let result = self
@@ -111,8 +126,8 @@ impl WorkspaceService for WorkspaceApi {
     type ExecStreamStream = BoxStream<v1::ExecChunk>;
 
     async fn exec_stream(&self, request: Request<v1::ExecRequest>) -> Result<Response<Self::ExecStreamStream>, Status> {
+        let id = self.authorize(&request, &request.get_ref().workspace_id, Action::Use).await?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
         let spec = exec_spec_from_proto(&message).map_err(ControlPlaneError::from)?;
         let deadline = spec.timeout + EXEC_DEADLINE_MARGIN;
         let response = self
@@ -129,9 +144,9 @@ impl WorkspaceService for WorkspaceApi {
     type ReadFileStream = BoxStream<v1::FileChunk>;
 
     async fn read_file(&self, request: Request<v1::ReadFileRequest>) -> Result<Response<Self::ReadFileStream>, Status> {
+        check_path(&request.get_ref().path)?;
+        let id = self.authorize(&request, &request.get_ref().workspace_id, Action::Use).await?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
-        check_path(&message.path)?;
         // Streams can be long: no overall deadline, the transport's keep-alive notices a
         // dead node.
         let response = self
@@ -155,13 +170,14 @@ impl WorkspaceService for WorkspaceApi {
         &self,
         request: Request<Streaming<v1::WriteFileRequest>>,
     ) -> Result<Response<v1::WriteFileResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let mut inbound = request.into_inner();
         let header = match inbound.message().await? {
             Some(v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) }) => header,
             _ => return Err(Status::invalid_argument("the first WriteFile message must be a header")),
         };
-        let id = workspace_id(&header.workspace_id)?;
         check_path(&header.path)?;
+        let (id, _) = self.access.workspace(&caller, &header.workspace_id, Action::Use).await?;
         // The stream can be consumed once, so there is no retry: resolve first, then pipe.
         let target = self.router.target(&id).await?;
         let mut client = target.client.clone();
@@ -201,9 +217,9 @@ impl WorkspaceService for WorkspaceApi {
     }
 
     async fn stat(&self, request: Request<v1::StatRequest>) -> Result<Response<v1::FileInfo>, Status> {
+        check_path(&request.get_ref().path)?;
+        let id = self.authorize(&request, &request.get_ref().workspace_id, Action::Use).await?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
-        check_path(&message.path)?;
         let timeout = self.node_call_timeout;
         let response = self
             .router
@@ -217,9 +233,9 @@ impl WorkspaceService for WorkspaceApi {
     }
 
     async fn list_dir(&self, request: Request<v1::ListDirRequest>) -> Result<Response<v1::ListDirResponse>, Status> {
+        check_path(&request.get_ref().path)?;
+        let id = self.authorize(&request, &request.get_ref().workspace_id, Action::Use).await?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
-        check_path(&message.path)?;
         let timeout = self.node_call_timeout;
         self.router
             .call(&id, |target| {
@@ -234,9 +250,9 @@ impl WorkspaceService for WorkspaceApi {
         &self,
         request: Request<v1::RemovePathRequest>,
     ) -> Result<Response<v1::RemovePathResponse>, Status> {
+        check_path(&request.get_ref().path)?;
+        let id = self.authorize(&request, &request.get_ref().workspace_id, Action::Use).await?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
-        check_path(&message.path)?;
         let timeout = self.node_call_timeout;
         self.router
             .call(&id, |target| {
@@ -248,9 +264,9 @@ impl WorkspaceService for WorkspaceApi {
     }
 
     async fn make_dir(&self, request: Request<v1::MakeDirRequest>) -> Result<Response<v1::MakeDirResponse>, Status> {
+        check_path(&request.get_ref().path)?;
+        let id = self.authorize(&request, &request.get_ref().workspace_id, Action::Use).await?;
         let message = request.into_inner();
-        let id = workspace_id(&message.workspace_id)?;
-        check_path(&message.path)?;
         let timeout = self.node_call_timeout;
         self.router
             .call(&id, |target| {
@@ -259,5 +275,23 @@ impl WorkspaceService for WorkspaceApi {
                 async move { client.make_dir(node_request(message, target.generation(), timeout)).await }
             })
             .await
+    }
+
+    async fn share_workspace(
+        &self,
+        request: Request<v1::ShareWorkspaceRequest>,
+    ) -> Result<Response<v1::Workspace>, Status> {
+        let caller = Caller::of(&request)?;
+        let message = request.into_inner();
+        Ok(Response::new(self.sessions.set_shared(&caller, &message.workspace_id, &message.user_id, true).await?))
+    }
+
+    async fn unshare_workspace(
+        &self,
+        request: Request<v1::UnshareWorkspaceRequest>,
+    ) -> Result<Response<v1::Workspace>, Status> {
+        let caller = Caller::of(&request)?;
+        let message = request.into_inner();
+        Ok(Response::new(self.sessions.set_shared(&caller, &message.workspace_id, &message.user_id, false).await?))
     }
 }

@@ -30,7 +30,7 @@ pub async fn push(
         anyhow::bail!("{} is not a directory", local_dir.display());
     }
     let dest = dest.unwrap_or_else(|| default_destination(&local_dir));
-    let mut client = connect(&global.endpoint).await?.contract();
+    let mut client = connect(global).await?.contract();
     let (sender, mut chunks) = mpsc::channel(4);
     pack_dir(local_dir.clone(), sender);
     let (messages, outbound) = mpsc::channel::<UploadTreeRequest>(4);
@@ -73,7 +73,7 @@ pub async fn pull(
     path: String,
     local_dir: PathBuf,
 ) -> anyhow::Result<i32> {
-    let mut client = connect(&global.endpoint).await?.contract();
+    let mut client = connect(global).await?.contract();
     let what = || format!("pull {workspace}:{path}");
     let request = DownloadTreeRequest { workspace_id: workspace.clone(), path: path.clone() };
     let mut stream = client.download_tree(request).await.rpc_context(what)?.into_inner();

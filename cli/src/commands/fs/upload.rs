@@ -11,15 +11,13 @@
 
 use std::time::Duration;
 
-use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use berth_proto::v1::{WriteFileHeader, WriteFileRequest, WriteFileResponse, write_file_request};
 use futures::{StreamExt, future, stream};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 
-use crate::client::RpcError;
+use crate::client::{RpcError, WorkspaceClient};
 
 /// Size of one WriteFile chunk, matching the server's default ReadFile chunk.
 pub const UPLOAD_CHUNK_BYTES: usize = 64 * 1024;
@@ -47,7 +45,7 @@ enum UploadItem {
 /// Streams `stdin` to `header.path`. Errors are the RPC's or `read stdin: ...`; the
 /// caller adds which file.
 pub async fn upload(
-    client: &WorkspaceServiceClient<Channel>,
+    client: &WorkspaceClient,
     stdin: &mut (dyn AsyncRead + Unpin + Send),
     header: WriteFileHeader,
 ) -> anyhow::Result<WriteFileResponse> {

@@ -1,11 +1,16 @@
 //! `berth control-plane`: one replica against etcd.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use berth_control_plane::auth::AuthConfig;
+use berth_control_plane::auth::jwt::{JwtConfig, JwtKey};
 use berth_control_plane::registry::etcd::{EtcdConfig, EtcdRegistry};
 use berth_control_plane::{ControlPlaneConfig, IsolationPolicy};
-use clap::Args;
+use berth_proto::auth::Secret;
+use berth_proto::tls::{ClientTls, TlsFiles};
+use clap::{Args, ValueEnum};
 
 use super::{default_id, parse_duration, shutdown_on_signal, split_list};
 
@@ -24,8 +29,31 @@ pub struct ControlPlaneArgs {
     /// URL other processes reach this replica at (default: http://<listen address>).
     #[arg(long, env = "BERTH_ADVERTISE")]
     pub advertise: Option<String>,
+    /// File holding the secret node agents and replicas present to each other (needed when
+    /// listening beyond loopback).
+    #[arg(long, env = "BERTH_NODE_SECRET_FILE")]
+    pub node_secret_file: Option<PathBuf>,
+    /// Cluster CA (PEM) that signed node agents' certificates, for https:// nodes.
+    #[arg(long, env = "BERTH_NODE_CA_CERT")]
+    pub node_ca_cert: Option<PathBuf>,
+    /// Client certificate this replica presents to node agents (mutual TLS).
+    #[arg(long, env = "BERTH_NODE_CLIENT_CERT", requires = "node_client_key")]
+    pub node_client_cert: Option<PathBuf>,
+    #[arg(long, env = "BERTH_NODE_CLIENT_KEY", requires = "node_client_cert")]
+    pub node_client_key: Option<PathBuf>,
     #[command(flatten)]
     pub common: ReplicaFlags,
+}
+
+/// `--auth` modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// Everyone is a trusted local operator (loopback listeners only).
+    None,
+    /// Static bearer tokens from --tokens-file (re-read on SIGHUP).
+    Token,
+    /// Bearer JWTs (HS256 with --jwt-secret-file, RS256 / ES256 with --jwt-public-key-file).
+    Jwt,
 }
 
 /// Replica settings shared by `berth control-plane` and `berth up`.
@@ -52,10 +80,76 @@ pub struct ReplicaFlags {
     /// Deadline of a whole bind (lock, provision, record write).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub bind_timeout: Duration,
+    /// How callers authenticate.
+    #[arg(long, env = "BERTH_AUTH", value_enum, default_value = "none")]
+    pub auth: AuthMode,
+    /// TOML file of bearer tokens (--auth token).
+    #[arg(long, env = "BERTH_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// File with the HS256 secret (--auth jwt).
+    #[arg(long, env = "BERTH_JWT_SECRET_FILE", conflicts_with = "jwt_public_key_file")]
+    pub jwt_secret_file: Option<PathBuf>,
+    /// PEM RSA or EC public key for RS256 / ES256 (--auth jwt).
+    #[arg(long, env = "BERTH_JWT_PUBLIC_KEY_FILE")]
+    pub jwt_public_key_file: Option<PathBuf>,
+    /// Required `iss` of JWTs.
+    #[arg(long, env = "BERTH_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// Required `aud` of JWTs.
+    #[arg(long, env = "BERTH_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// Clock skew tolerated on JWT expiry.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub jwt_leeway: Duration,
+    /// Serve the public API over TLS with this certificate (PEM)…
+    #[arg(long, env = "BERTH_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// …and this private key (PEM).
+    #[arg(long, env = "BERTH_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Largest gRPC message accepted on the public API, in bytes.
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
+    pub max_message_bytes: usize,
 }
 
 impl ReplicaFlags {
-    pub fn apply(&self, config: &mut ControlPlaneConfig) {
+    /// The authentication settings, checked for the flags each mode needs.
+    pub fn auth_config(&self) -> anyhow::Result<AuthConfig> {
+        let jwt_flags = self.jwt_secret_file.is_some() || self.jwt_public_key_file.is_some();
+        match self.auth {
+            AuthMode::None => {
+                anyhow::ensure!(
+                    self.tokens_file.is_none() && !jwt_flags,
+                    "--tokens-file and --jwt-* need --auth token / jwt"
+                );
+                Ok(AuthConfig::None)
+            }
+            AuthMode::Token => {
+                let file = self.tokens_file.clone().context("--auth token needs --tokens-file")?;
+                Ok(AuthConfig::Tokens { file })
+            }
+            AuthMode::Jwt => {
+                let key = match (&self.jwt_secret_file, &self.jwt_public_key_file) {
+                    (Some(secret), None) => JwtKey::Secret(secret.clone()),
+                    (None, Some(public)) => JwtKey::PublicKey(public.clone()),
+                    _ => anyhow::bail!("--auth jwt needs --jwt-secret-file or --jwt-public-key-file"),
+                };
+                let mut jwt = JwtConfig::new(key);
+                jwt.issuer = self.jwt_issuer.clone();
+                jwt.audience = self.jwt_audience.clone();
+                jwt.leeway = self.jwt_leeway;
+                Ok(AuthConfig::Jwt(jwt))
+            }
+        }
+    }
+
+    pub fn apply(&self, config: &mut ControlPlaneConfig) -> anyhow::Result<()> {
+        config.auth = self.auth_config()?;
+        config.tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
+            _ => None,
+        };
+        config.max_message_bytes = self.max_message_bytes;
         config.isolation = self.isolation;
         config.idle_ttl = self.idle_ttl;
         config.key_prefix = self.key_prefix.clone();
@@ -64,13 +158,24 @@ impl ReplicaFlags {
         config.heartbeat_interval = self.heartbeat_interval;
         config.bind_timeout = self.bind_timeout;
         config.provision_timeout = self.bind_timeout.mul_f64(0.75);
+        Ok(())
     }
 }
 
 pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     let mut config = ControlPlaneConfig::new(args.replica_id.unwrap_or_else(|| default_id("replica")));
-    args.common.apply(&mut config);
+    args.common.apply(&mut config)?;
     config.advertise_address = args.advertise.unwrap_or_default();
+    config.node_secret =
+        args.node_secret_file.as_deref().map(Secret::from_file).transpose().map_err(anyhow::Error::msg)?;
+    config.node_tls = args.node_ca_cert.map(|ca| ClientTls {
+        ca,
+        identity: match (args.node_client_cert, args.node_client_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            _ => None,
+        },
+        domain: None,
+    });
     config.validate().map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
     let endpoints = split_list(&args.etcd);
     let registry = EtcdRegistry::connect(EtcdConfig::new(endpoints.clone()))

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use berth_node_agent::NodeAgentConfig;
+use berth_proto::auth::Secret;
+use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::Args;
 
 use super::{default_id, parse_duration, shutdown_on_signal, split_list};
@@ -29,6 +31,22 @@ pub struct NodeAgentArgs {
     /// Unique id of this node (default: derived from the hostname).
     #[arg(long, env = "BERTH_NODE_ID")]
     pub node_id: Option<String>,
+    /// File holding the secret replicas must present (and heartbeats carry); needed when
+    /// listening beyond loopback unless --client-ca-cert is given.
+    #[arg(long, env = "BERTH_NODE_SECRET_FILE")]
+    pub node_secret_file: Option<PathBuf>,
+    /// Serve NodeAgentService over TLS with this certificate (PEM)…
+    #[arg(long, env = "BERTH_NODE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// …and key (PEM).
+    #[arg(long, env = "BERTH_NODE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require replicas to present a client certificate signed by this CA (mutual TLS).
+    #[arg(long, env = "BERTH_NODE_CLIENT_CA_CERT", requires = "tls_cert")]
+    pub client_ca_cert: Option<PathBuf>,
+    /// CA (PEM) that signed https:// control planes' certificates (heartbeats).
+    #[arg(long, env = "BERTH_CONTROL_PLANE_CA_CERT")]
+    pub control_plane_ca_cert: Option<PathBuf>,
     #[command(flatten)]
     pub common: NodeFlags,
 }
@@ -52,6 +70,9 @@ pub struct NodeFlags {
     /// deploy/images/build-base.sh; nothing is ever pulled).
     #[arg(long, env = "BERTH_DOCKER_IMAGE", default_value = "berth/base:latest")]
     pub docker_image: String,
+    /// Most execs running at once in one workspace (more get RESOURCE_EXHAUSTED).
+    #[arg(long, default_value_t = 32)]
+    pub max_execs_per_workspace: u32,
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
@@ -83,6 +104,7 @@ impl NodeFlags {
         config.max_file_bytes = self.max_file_bytes;
         config.debug_provision_delay = self.debug_provision_delay;
         config.docker_image = self.docker_image.clone();
+        config.max_execs_per_workspace = self.max_execs_per_workspace;
         let contract = &mut config.contract;
         contract.skills_seed = self.skills_seed.clone();
         contract.mcp.pool.max_live = self.mcp_max_live;
@@ -103,6 +125,13 @@ pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     args.common.apply(&mut config)?;
     config.control_planes = split_list(&args.control_planes).into_iter().map(|url| with_scheme(&url)).collect();
     config.advertise_address = args.advertise.unwrap_or_default();
+    config.node_secret =
+        args.node_secret_file.as_deref().map(Secret::from_file).transpose().map_err(anyhow::Error::msg)?;
+    if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
+        config.tls = Some(TlsFiles { cert, key });
+    }
+    config.client_ca = args.client_ca_cert;
+    config.control_plane_tls = args.control_plane_ca_cert.map(|ca| ClientTls { ca, identity: None, domain: None });
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();

@@ -8,6 +8,8 @@ use anyhow::Context;
 use berth_control_plane::ControlPlaneConfig;
 use berth_control_plane::registry::embedded::{EmbeddedConfig, EmbeddedRegistry};
 use berth_node_agent::NodeAgentConfig;
+use berth_proto::auth::Secret;
+use berth_proto::tls::ClientTls;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
@@ -35,16 +37,28 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let mut replica = ControlPlaneConfig::new("replica-up");
-    args.replica.apply(&mut replica);
+    args.replica.apply(&mut replica)?;
+    // The in-process node agent and the replica share a fresh secret: nothing else on the
+    // machine can call the node agent or register a node, whatever --auth says.
+    let node_secret = Secret::random();
+    replica.node_secret = Some(node_secret.clone());
     replica.validate().map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
 
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let public = listener.local_addr()?;
+    // Refuse an open listener before anything starts (serve checks again).
+    replica.check_listener(public).map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
     let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening for the node agent")?;
     let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));
     args.node.apply(&mut node)?;
-    node.control_planes = vec![format!("http://{public}")];
+    node.node_secret = Some(node_secret);
+    let scheme = if replica.tls.is_some() { "https" } else { "http" };
+    node.control_planes = vec![format!("{scheme}://{public}")];
+    if let Some(tls) = &replica.tls {
+        // The node heartbeats to our own public listener: trust its certificate.
+        node.control_plane_tls = Some(ClientTls { ca: tls.cert.clone(), identity: None, domain: None });
+    }
 
     // Workspace and session records survive a restart; nodes and locks are re-created.
     let registry = EmbeddedRegistry::open(&data_dir.join("registry.journal"), EmbeddedConfig::default())

@@ -1,0 +1,148 @@
+//! Cross-process: `berth control-plane --auth token` on a real etcd, a `berth node-agent`
+//! sharing its node secret, and the `berth` CLI with `--token` / `--act-as`.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use berth_tests::berth::{BerthProcess, berth_binary};
+use berth_tests::etcd::EtcdProcess;
+use berth_tests::process::wait_until;
+use nix::sys::signal::Signal;
+
+const TOKENS: &str = r#"
+[[token]]
+secret = "alice-token-0123456789"
+user = "alice"
+[[token]]
+secret = "eve-token-0123456789"
+user = "eve"
+[[token]]
+secret = "platform-token-0123456789"
+service = "platform"
+act_for_users = true
+"#;
+
+fn cli(endpoint: &str, token: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(berth_binary());
+    command.arg("--endpoint").arg(endpoint).args(args).env_remove("BERTH_TOKEN").env_remove("BERTH_ACT_AS");
+    if let Some(token) = token {
+        command.env("BERTH_TOKEN", token);
+    }
+    command.output().expect("run the berth cli")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_with_tokens_and_the_cli() {
+    let etcd = EtcdProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let secret = dir.path().join("node.secret");
+    std::fs::write(&secret, format!("{:032x}\n", rand::random::<u128>())).unwrap();
+    let prefix = format!("/berth-auth-{:016x}", rand::random::<u64>());
+    let replica = BerthProcess::start(
+        "replica-auth",
+        [
+            "control-plane",
+            "--etcd",
+            &etcd.endpoint(),
+            "--key-prefix",
+            &prefix,
+            "--replica-id",
+            "replica-auth",
+            "--auth",
+            "token",
+            "--tokens-file",
+            &tokens.display().to_string(),
+            "--node-secret-file",
+            &secret.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    )
+    .await
+    .unwrap();
+    let data = dir.path().join("node");
+    let _node = BerthProcess::start(
+        "node-auth",
+        [
+            "node-agent",
+            "--control-plane",
+            &replica.endpoint,
+            "--data-dir",
+            &data.display().to_string(),
+            "--node-id",
+            "node-auth",
+            "--node-secret-file",
+            &secret.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    )
+    .await
+    .unwrap();
+    let endpoint = replica.endpoint.clone();
+    let alice = Some("alice-token-0123456789");
+
+    // alice's session, once the node registered.
+    let mut created = None;
+    let ready = wait_until(Duration::from_secs(30), || {
+        let output = cli(&endpoint, alice, &["session", "create", "--agent", "coder", "-o", "json"]);
+        let ok = output.status.success();
+        if ok {
+            created = Some(output);
+        }
+        async move { ok }
+    })
+    .await;
+    assert!(ready, "no session for alice; replica log:\n{}", replica.log());
+    let session: serde_json::Value = serde_json::from_slice(&created.unwrap().stdout).expect("json session");
+    assert_eq!(session["user_id"], "alice", "{session}");
+    let workspace = session["workspace_id"].as_str().expect("workspace id").to_owned();
+
+    let ran = cli(&endpoint, alice, &["exec", &workspace, "--", "echo", "hi"]);
+    assert!(ran.status.success(), "alice exec: {}", text(&ran.stderr));
+    assert_eq!(text(&ran.stdout), "hi\n");
+
+    // No token: one clear line, exit 1.
+    let anonymous = cli(&endpoint, None, &["ws", "list"]);
+    assert_eq!(anonymous.status.code(), Some(1));
+    assert!(text(&anonymous.stderr).contains("unauthenticated"), "{}", text(&anonymous.stderr));
+    // Another user: the workspace does not exist for them.
+    let eve = cli(&endpoint, Some("eve-token-0123456789"), &["exec", &workspace, "--", "true"]);
+    assert_eq!(eve.status.code(), Some(1));
+    assert!(text(&eve.stderr).contains("not found"), "{}", text(&eve.stderr));
+    // alice shares the workspace with eve through the CLI; then eve may use it.
+    let shared = cli(&endpoint, alice, &["ws", "share", &workspace, "eve", "-o", "json"]);
+    assert!(shared.status.success(), "share: {}", text(&shared.stderr));
+    assert!(text(&shared.stdout).contains("\"eve\""), "{}", text(&shared.stdout));
+    let eve_again = cli(&endpoint, Some("eve-token-0123456789"), &["exec", &workspace, "--", "true"]);
+    assert!(eve_again.status.success(), "eve after the share: {}", text(&eve_again.stderr));
+    let reshare = cli(&endpoint, Some("eve-token-0123456789"), &["ws", "share", &workspace, "mallory"]);
+    assert!(text(&reshare.stderr).contains("permission denied"), "{}", text(&reshare.stderr));
+    // A user may not speak for another.
+    let spoof = cli(&endpoint, alice, &["session", "create", "--user", "eve", "--agent", "coder"]);
+    assert!(text(&spoof.stderr).contains("permission denied"), "{}", text(&spoof.stderr));
+    // The service acts for alice with --act-as.
+    let acting =
+        cli(&endpoint, Some("platform-token-0123456789"), &["--act-as", "alice", "exec", &workspace, "--", "true"]);
+    assert!(acting.status.success(), "service for alice: {}", text(&acting.stderr));
+    // An admin call needs an admin.
+    let nodes = cli(&endpoint, alice, &["nodes", "list"]);
+    assert!(text(&nodes.stderr).contains("permission denied"), "{}", text(&nodes.stderr));
+
+    // SIGHUP re-reads the tokens file: a new token works without a restart.
+    std::fs::write(&tokens, format!("{TOKENS}\n[[token]]\nsecret = \"ops-token-0123456789\"\nadmin = true\n")).unwrap();
+    replica.process.signal(Signal::SIGHUP);
+    let reloaded = wait_until(Duration::from_secs(10), || {
+        let ok = cli(&endpoint, Some("ops-token-0123456789"), &["nodes", "list"]).status.success();
+        async move { ok }
+    })
+    .await;
+    assert!(reloaded, "the admin token added to the file was never accepted; log:\n{}", replica.log());
+    assert!(replica.log().contains("berth::audit"), "no audit lines in the replica log");
+}
