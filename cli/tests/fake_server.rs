@@ -136,13 +136,23 @@ impl WorkspaceService for Fake {
         check_workspace(&header.workspace_id)?;
         let mut data = Vec::new();
         let mut chunk_sizes = Vec::new();
+        let mut committed = false;
         while let Some(message) = stream.message().await? {
-            let Some(write_file_request::Msg::Chunk(chunk)) = message.msg else {
-                return Err(Status::invalid_argument("header sent twice"));
+            let chunk = match message.msg {
+                Some(write_file_request::Msg::Chunk(chunk)) if !committed => chunk,
+                Some(write_file_request::Msg::Commit(commit)) if commit.size == data.len() as u64 => {
+                    committed = true;
+                    continue;
+                }
+                _ => return Err(Status::invalid_argument("unexpected WriteFile message")),
             };
             chunk_sizes.push(chunk.len());
             data.extend_from_slice(&chunk);
             self.chunks_received.send_modify(|count| *count += 1);
+        }
+        // Like the real node: no commit, no file.
+        if !committed {
+            return Err(Status::invalid_argument("the write stream ended without a commit"));
         }
         let bytes_written = data.len() as u64;
         let mut state = self.state();

@@ -247,17 +247,9 @@ impl NodeAgentService for NodeAgentApi {
         };
         let (_entry, backend) = self.backend(&generation_checked, &header.workspace_id)?;
         let path = rel_path(&header.path)?;
-        // A broken client stream surfaces as an error item, which makes the backend discard
-        // the temporary file: a write is whole or absent.
-        let data = inbound
-            .map(|message| match message {
-                Ok(v1::WriteFileRequest { msg: Some(WriteMsg::Chunk(chunk)) }) => Ok(Bytes::from(chunk)),
-                Ok(_) => Err(WorkspaceError::InvalidArgument("only chunks may follow the WriteFile header".into())),
-                Err(status) => {
-                    Err(WorkspaceError::InvalidArgument(format!("write stream broken: {}", status.message())))
-                }
-            })
-            .boxed();
+        // Anything but chunks closed by a matching commit surfaces as an error item, which
+        // makes the backend discard the temporary file: a write is whole or absent.
+        let data = committed_chunks(inbound);
         let mode = if header.mode == 0 { 0o644 } else { header.mode & 0o777 };
         let options = WriteOptions { mode, max_bytes: self.max_file_bytes };
         let written = backend.write_file(&path, data, options).await.map_err(status)?;
@@ -394,6 +386,33 @@ impl NodeAgentService for NodeAgentApi {
         let (_id, backend) = self.target(&request, &request.get_ref().workspace_id)?;
         self.contract.download_tree(backend, request.into_inner()).await.map(Response::new)
     }
+}
+
+/// The chunks of a WriteFile stream, ending cleanly only at a commit whose size matches
+/// what arrived. A stream that ends without one (a client that crashed or gave up: gRPC
+/// may deliver that as a clean end), breaks, or sends anything else ends with an error.
+fn committed_chunks(inbound: Streaming<v1::WriteFileRequest>) -> berth_workspace::ByteStream {
+    let refused = |reason: String| Err(WorkspaceError::InvalidArgument(reason));
+    futures::stream::unfold(Some((inbound, 0u64)), move |state| async move {
+        let (mut inbound, received) = state?;
+        let item = match inbound.message().await {
+            Ok(Some(v1::WriteFileRequest { msg: Some(WriteMsg::Chunk(chunk)) })) => {
+                let received = received + chunk.len() as u64;
+                return Some((Ok(Bytes::from(chunk)), Some((inbound, received))));
+            }
+            Ok(Some(v1::WriteFileRequest { msg: Some(WriteMsg::Commit(commit)) })) if commit.size == received => {
+                return None;
+            }
+            Ok(Some(v1::WriteFileRequest { msg: Some(WriteMsg::Commit(commit)) })) => {
+                refused(format!("write commit says {} bytes but {received} arrived; nothing was written", commit.size))
+            }
+            Ok(Some(_)) => refused("only chunks and one commit may follow the WriteFile header".into()),
+            Ok(None) => refused("the write stream ended without a commit; nothing was written".into()),
+            Err(status) => refused(format!("write stream broken: {}", status.message())),
+        };
+        Some((item, None))
+    })
+    .boxed()
 }
 
 pub fn local_workspace(entry: &Entry) -> v1::LocalWorkspace {

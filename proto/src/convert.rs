@@ -177,3 +177,20 @@ pub fn status_from_workspace_error(error: &WorkspaceError) -> Status {
         E::Backend { backend, .. } => Status::internal(format!("{backend} backend error: {message}")),
     }
 }
+
+/// The messages of a whole WriteFile call: header, `data` in `chunk_size` pieces, commit.
+pub fn write_file_messages(header: v1::WriteFileHeader, data: &[u8], chunk_size: usize) -> Vec<v1::WriteFileRequest> {
+    use v1::write_file_request::Msg;
+    let mut messages = Vec::with_capacity(data.len() / chunk_size.max(1) + 2);
+    messages.push(v1::WriteFileRequest { msg: Some(Msg::Header(header)) });
+    messages.extend(
+        data.chunks(chunk_size.max(1)).map(|piece| v1::WriteFileRequest { msg: Some(Msg::Chunk(piece.to_vec())) }),
+    );
+    messages.push(write_file_commit(data.len() as u64));
+    messages
+}
+
+/// The closing message of a WriteFile call that sent `size` bytes.
+pub fn write_file_commit(size: u64) -> v1::WriteFileRequest {
+    v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Commit(v1::WriteFileCommit { size })) }
+}

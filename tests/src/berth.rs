@@ -171,10 +171,7 @@ impl BerthProcess {
     /// Writes `data` to `path` in one chunk.
     pub async fn write_file(&self, workspace_id: &str, path: &str, data: &[u8]) -> Result<u64, Status> {
         let header = v1::WriteFileHeader { workspace_id: workspace_id.into(), path: path.into(), mode: 0 };
-        let messages = vec![
-            v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Header(header)) },
-            v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(data.to_vec())) },
-        ];
+        let messages = berth_proto::convert::write_file_messages(header, data, data.len().max(1));
         Ok(self.workspace_client().write_file(futures::stream::iter(messages)).await?.into_inner().bytes_written)
     }
 

@@ -113,6 +113,7 @@ async fn berth_up_serves_the_cli_and_raw_grpc_then_stops_on_signal() {
         big.chunks(64 * 1024)
             .map(|chunk| v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(chunk.to_vec())) }),
     );
+    messages.push(berth_proto::convert::write_file_commit(big.len() as u64));
     let written = client.write_file(futures::stream::iter(messages)).await.unwrap().into_inner();
     assert_eq!(written.bytes_written, big.len() as u64);
     let mut chunks = client
@@ -182,6 +183,22 @@ async fn berth_up_serves_the_cli_and_raw_grpc_then_stops_on_signal() {
     })
     .await;
     assert!(clean, "a cancelled write left {:?}", names().await);
+
+    // A stream that ends cleanly but without its commit writes nothing.
+    let uncommitted = vec![
+        v1::WriteFileRequest {
+            msg: Some(v1::write_file_request::Msg::Header(v1::WriteFileHeader {
+                workspace_id: workspace.clone(),
+                path: "uncommitted.txt".into(),
+                mode: 0,
+            })),
+        },
+        v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(b"truncated".to_vec())) },
+    ];
+    let status = client.clone().write_file(futures::stream::iter(uncommitted)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("without a commit"), "{status:?}");
+    assert!(names().await.iter().all(|name| !name.contains("uncommitted")), "an uncommitted write left a file");
 
     // Health and reflection are served.
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&endpoint));

@@ -214,7 +214,8 @@ async fn measure(
         let chunks = data
             .chunks(chunk)
             .map(|piece| v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(piece.to_vec())) });
-        let messages: Vec<v1::WriteFileRequest> = std::iter::once(header).chain(chunks).collect();
+        let commit = berth_proto::convert::write_file_commit(data.len() as u64);
+        let messages: Vec<v1::WriteFileRequest> = std::iter::once(header).chain(chunks).chain([commit]).collect();
         let started = Instant::now();
         let written = target.write(messages).await?;
         writes.push(started.elapsed());

@@ -222,20 +222,10 @@ pub fn jwt(sub: &str, expires_in_secs: i64, extra: serde_json::Value) -> String 
     .expect("sign jwt")
 }
 
-/// A WriteFile call's messages: header, then the data in 64 KiB chunks.
+/// A WriteFile call's messages: header, the data in 64 KiB chunks, commit.
 pub fn write_messages(workspace_id: &str, path: &str, data: &[u8]) -> Vec<v1::WriteFileRequest> {
-    let mut messages = vec![v1::WriteFileRequest {
-        msg: Some(v1::write_file_request::Msg::Header(v1::WriteFileHeader {
-            workspace_id: workspace_id.into(),
-            path: path.into(),
-            mode: 0,
-        })),
-    }];
-    messages.extend(
-        data.chunks(64 * 1024)
-            .map(|chunk| v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(chunk.to_vec())) }),
-    );
-    messages
+    let header = v1::WriteFileHeader { workspace_id: workspace_id.into(), path: path.into(), mode: 0 };
+    berth_proto::convert::write_file_messages(header, data, 64 * 1024)
 }
 
 /// Reads a whole file through ReadFile.
