@@ -45,6 +45,8 @@ use super::{BACKEND_NAME, DockerBackend};
 
 /// How often a provision that lost the create race looks for the winner's container.
 const CONFLICT_LOOKUPS: usize = 20;
+/// How often a start that got "no such container" tries again (about 1.3 s in all).
+const START_LOOKUPS: usize = 6;
 
 /// Creates and tears down workspace containers on one Docker engine.
 pub struct DockerDriver {
@@ -177,11 +179,22 @@ impl DockerDriver {
             self.docker.unpause_container(id).await.map_err(|error| docker_error("unpausing a container", error))?;
             return Ok(());
         }
-        match self.docker.start_container(id, None).await {
-            // 304: already running.
-            Ok(()) => Ok(()),
-            Err(error) if status_code(&error) == Some(304) => Ok(()),
-            Err(error) => Err(docker_error("starting a container", error)),
+        // A container created by a concurrent provision can be listed before the daemon has
+        // registered it for start (404 "No such container" for a moment): look again briefly.
+        let mut delay = Duration::from_millis(20);
+        let mut lookups = 0;
+        loop {
+            match self.docker.start_container(id, None).await {
+                // 304: already running.
+                Ok(()) => return Ok(()),
+                Err(error) if status_code(&error) == Some(304) => return Ok(()),
+                Err(error) if is_not_found(&error) && lookups < START_LOOKUPS => {
+                    lookups += 1;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                Err(error) => return Err(docker_error("starting a container", error)),
+            }
         }
     }
 }
