@@ -152,20 +152,13 @@ impl Sessions {
             0 => 100,
             size => size.min(MAX_PAGE),
         };
-        let mut matching: Vec<Arc<WorkspaceRecord>> = binder
-            .view
-            .workspaces
-            .all()
-            .into_iter()
-            .map(|entry| entry.record)
-            .filter(|record| authz::authorize(caller.principal(), record, Action::View).is_ok())
-            .filter(|record| request.user_id.is_empty() || record.owner == request.user_id)
-            .filter(|record| request.agent_id.is_empty() || record.agent == request.agent_id)
-            .filter(|record| request.page_token.is_empty() || record.id.as_str() > request.page_token.as_str())
-            .collect();
-        matching.sort_by(|left, right| left.id.cmp(&right.id));
-        let more = matching.len() > page_size;
-        matching.truncate(page_size);
+        // A range scan from the page token: paging through the whole view is linear.
+        let (page, more) = binder.view.workspaces.page(&request.page_token, page_size, |record| {
+            (request.user_id.is_empty() || record.owner == request.user_id)
+                && (request.agent_id.is_empty() || record.agent == request.agent_id)
+                && authz::authorize(caller.principal(), record, Action::View).is_ok()
+        });
+        let matching: Vec<Arc<WorkspaceRecord>> = page.into_iter().map(|entry| entry.record).collect();
         let next_page_token =
             if more { matching.last().map(|record| record.id.to_string()).unwrap_or_default() } else { String::new() };
         Ok(v1::ListWorkspacesResponse {
