@@ -2,8 +2,9 @@
 //! naming the cell. In-process: two replicas (token auth and JWT auth) on one embedded
 //! registry and a node agent that only accepts the replicas' node secret.
 //!
-//! Setup: alice owns workspace W (agent `coder`) and session S on it, and shared W with
-//! carol. eve is another user, `platform` a service allowed to act for users, `ops` an
+//! Setup: alice owns workspace W (agent `coder`) and session S on it, shared W with carol,
+//! declared the HTTP MCP server `remote` (a real one, the test fixture) and added the skill
+//! `base`. eve is another user, `platform` a service allowed to act for users, `ops` an
 //! admin. ListWorkspaces answers OK to everyone; its cell says whether W is listed (OK) or
 //! not (NOT_FOUND).
 
@@ -76,6 +77,19 @@ enum Rpc {
     ShareWorkspace,
     UnshareWorkspace,
     ListNodes,
+    AddMcp,
+    RemoveMcp,
+    ListMcps,
+    ListMcpTools,
+    CallMcpTool,
+    AddSkill,
+    RemoveSkill,
+    ListSkills,
+    GetSkill,
+    OffloadContext,
+    OffloadToolResult,
+    UploadTree,
+    DownloadTree,
 }
 
 const O: Code = Code::Ok;
@@ -87,7 +101,7 @@ const U: Code = Code::Unauthenticated;
 /// Expected codes, columns in the order of [`COLUMNS`]:
 /// owner, other, svc→owner, svc→other, shared, admin, no token, bad token, expired JWT, JWT owner.
 #[rustfmt::skip]
-const MATRIX: [(Rpc, [Code; 10]); 18] = [
+const MATRIX: [(Rpc, [Code; 10]); 31] = [
     // An admin must name the user a session is for (user_id or x-berth-act-as).
     (Rpc::CreateSessionExplicit,    [O, N, O, N, O, I, U, U, U, O]),
     // user_id = "alice" in the body: only alice herself, a service acting for her and admins.
@@ -108,11 +122,27 @@ const MATRIX: [(Rpc, [Code; 10]); 18] = [
     (Rpc::ShareWorkspace,           [O, N, O, N, P, O, U, U, U, O]),
     (Rpc::UnshareWorkspace,         [O, N, O, N, P, O, U, U, U, O]),
     (Rpc::ListNodes,                [P, P, P, P, P, O, U, U, U, P]),
+    // ContractService: workspace content, so the same row as Exec.
+    (Rpc::AddMcp,                   [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::RemoveMcp,                [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::ListMcps,                 [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::ListMcpTools,             [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::CallMcpTool,              [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::AddSkill,                 [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::RemoveSkill,              [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::ListSkills,               [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::GetSkill,                 [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::OffloadContext,           [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::OffloadToolResult,        [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::UploadTree,               [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::DownloadTree,             [O, N, O, N, O, O, U, U, U, O]),
 ];
 
 struct Fixture {
     workspace: String,
     session: String,
+    /// Stops the HTTP MCP server when the test ends.
+    _mcp: tokio_util::sync::DropGuard,
 }
 
 async fn setup(harness: &Harness) -> Fixture {
@@ -130,7 +160,40 @@ async fn setup(harness: &Harness) -> Fixture {
         .into_inner();
     assert_eq!(shared.shared_with, vec!["carol".to_owned()]);
     support::sh(&mut alice, &workspace, "echo hello > hello.txt").await;
-    Fixture { workspace, session: session.session_id }
+    let mut contract = harness.contract(Creds::token(ALICE));
+    let mcp_stop = tokio_util::sync::CancellationToken::new();
+    let url = berth_mcp_fixture::spawn_http(mcp_stop.clone()).await.expect("mcp http fixture");
+    contract.add_mcp(mcp_request(&workspace, "remote", &url)).await.expect("alice declares an mcp server");
+    contract.add_skill(futures::stream::iter(skill_messages(&workspace, "base"))).await.expect("alice adds a skill");
+    Fixture { workspace, session: session.session_id, _mcp: mcp_stop.drop_guard() }
+}
+
+fn mcp_request(workspace: &str, name: &str, url: &str) -> v1::AddMcpRequest {
+    let transport = v1::mcp_server::Transport::Http(v1::McpHttp { url: url.into(), headers: Default::default() });
+    let server = v1::McpServer { name: name.into(), transport: Some(transport) };
+    v1::AddMcpRequest { workspace_id: workspace.into(), server: Some(server), replace: false }
+}
+
+fn skill_messages(workspace: &str, name: &str) -> Vec<v1::AddSkillRequest> {
+    let front = format!("---\nname: {name}\ndescription: a test skill\n---\nBody\n");
+    let archive = tar_of(&[("SKILL.md", front.as_bytes())]);
+    let header = v1::AddSkillHeader { workspace_id: workspace.into(), name: name.into(), replace: false };
+    vec![
+        v1::AddSkillRequest { msg: Some(v1::add_skill_request::Msg::Header(header)) },
+        v1::AddSkillRequest { msg: Some(v1::add_skill_request::Msg::Chunk(archive)) },
+    ]
+}
+
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, path, *data).expect("tar entry");
+    }
+    builder.into_inner().expect("tar")
 }
 
 /// One cell: the RPC as `who`, reduced to its status code.
@@ -211,6 +274,99 @@ async fn call(harness: &Harness, fixture: &Fixture, rpc: Rpc, who: Who, cell: us
             .await
             .map(drop),
         Rpc::ListNodes => harness.admin(creds(who)).list_nodes(v1::ListNodesRequest {}).await.map(drop),
+        _ => contract_call(harness, fixture, rpc, who, cell).await,
+    }
+}
+
+/// The ContractService cells. Every call that changes something names a fresh object
+/// (`…-<cell>`), so an allowed call never collides with an earlier cell's.
+async fn contract_call(
+    harness: &Harness,
+    fixture: &Fixture,
+    rpc: Rpc,
+    who: Who,
+    cell: usize,
+) -> Result<(), tonic::Status> {
+    let mut client = harness.contract(creds(who));
+    let workspace = fixture.workspace.clone();
+    match rpc {
+        Rpc::AddMcp => {
+            client.add_mcp(mcp_request(&workspace, &format!("m-{cell}"), "http://127.0.0.1:9/mcp")).await.map(drop)
+        }
+        Rpc::RemoveMcp => client
+            .remove_mcp(v1::RemoveMcpRequest { workspace_id: workspace, name: format!("m-{cell}") })
+            .await
+            .map(drop),
+        Rpc::ListMcps => client.list_mcps(v1::ListMcpsRequest { workspace_id: workspace }).await.map(drop),
+        Rpc::ListMcpTools => {
+            let request = v1::ListMcpToolsRequest { workspace_id: workspace, server: "remote".into(), timeout_ms: 0 };
+            let tools = client.list_mcp_tools(request).await?.into_inner();
+            assert!(tools.tools.iter().any(|tool| tool.name == "echo"), "cell {cell}: no echo tool");
+            Ok(())
+        }
+        Rpc::CallMcpTool => {
+            let request = v1::CallMcpToolRequest {
+                workspace_id: workspace,
+                server: "remote".into(),
+                tool: "echo".into(),
+                arguments_json: format!(r#"{{"text":"cell {cell}"}}"#),
+                timeout_ms: 0,
+            };
+            let answer = client.call_mcp_tool(request).await?.into_inner();
+            assert_eq!(answer.text, format!("cell {cell}"));
+            Ok(())
+        }
+        Rpc::AddSkill => {
+            client.add_skill(futures::stream::iter(skill_messages(&workspace, &format!("s-{cell}")))).await.map(drop)
+        }
+        Rpc::RemoveSkill => client
+            .remove_skill(v1::RemoveSkillRequest { workspace_id: workspace, name: format!("s-{cell}") })
+            .await
+            .map(drop),
+        Rpc::ListSkills => client.list_skills(v1::ListSkillsRequest { workspace_id: workspace }).await.map(drop),
+        Rpc::GetSkill => {
+            let skill = client.get_skill(v1::GetSkillRequest { workspace_id: workspace, name: "base".into() }).await?;
+            assert_eq!(skill.into_inner().body, "Body\n");
+            Ok(())
+        }
+        Rpc::OffloadContext => client
+            .offload_context(v1::OffloadContextRequest {
+                workspace_id: workspace,
+                session_id: fixture.session.clone(),
+                messages_json: vec![format!(r#"{{"role":"user","content":"cell {cell}"}}"#)],
+            })
+            .await
+            .map(drop),
+        Rpc::OffloadToolResult => client
+            .offload_tool_result(v1::OffloadToolResultRequest {
+                workspace_id: workspace,
+                session_id: fixture.session.clone(),
+                tool_call_id: format!("call-{cell}"),
+                content: vec![b'x'; 64 * 1024],
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        Rpc::UploadTree => {
+            let header =
+                v1::UploadTreeHeader { workspace_id: workspace, path: format!("tree-{cell}"), overwrite: false };
+            let messages = vec![
+                v1::UploadTreeRequest { msg: Some(v1::upload_tree_request::Msg::Header(header)) },
+                v1::UploadTreeRequest { msg: Some(v1::upload_tree_request::Msg::Chunk(tar_of(&[("f", b"data")]))) },
+            ];
+            client.upload_tree(futures::stream::iter(messages)).await.map(drop)
+        }
+        Rpc::DownloadTree => {
+            let request = v1::DownloadTreeRequest { workspace_id: workspace, path: String::new() };
+            let mut stream = client.download_tree(request).await?.into_inner();
+            let mut bytes = 0;
+            while let Some(chunk) = stream.next().await {
+                bytes += chunk?.data.len();
+            }
+            assert!(bytes > 0, "cell {cell}: an empty tree");
+            Ok(())
+        }
+        _ => unreachable!("{rpc:?} is a WorkspaceService or AdminService cell"),
     }
 }
 
@@ -236,7 +392,7 @@ async fn every_public_rpc_for_every_kind_of_caller() {
             }
         }
     }
-    assert_eq!(cell, 180);
+    assert_eq!(cell, MATRIX.len() * COLUMNS.len());
     assert!(failures.is_empty(), "{} of {cell} cells wrong:\n{}", failures.len(), failures.join("\n"));
 }
 

@@ -14,6 +14,7 @@ use berth_control_plane::{ControlPlaneConfig, RegistryRef};
 use berth_proto::auth::Secret;
 use berth_proto::v1;
 use berth_proto::v1::admin_service_client::AdminServiceClient;
+use berth_proto::v1::contract_service_client::ContractServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -161,6 +162,15 @@ impl Harness {
         AdminServiceClient::with_interceptor(channel(endpoint), creds)
     }
 }
+
+impl Harness {
+    pub fn contract(&self, creds: Creds) -> ContractClient {
+        let endpoint = if creds.jwt { &self.jwt_endpoint } else { &self.token_endpoint };
+        ContractServiceClient::with_interceptor(channel(endpoint), creds).max_decoding_message_size(64 << 20)
+    }
+}
+
+pub type ContractClient = ContractServiceClient<InterceptedService<Channel, Creds>>;
 
 pub type Client = WorkspaceServiceClient<InterceptedService<Channel, Creds>>;
 
