@@ -68,8 +68,15 @@ impl NodeClients {
 
 /// Wraps a message for a node call: generation metadata and a deadline.
 pub fn node_request<T>(message: T, generation: u64, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
+    let mut request = untimed_node_request(message, generation);
     request.set_timeout(timeout);
+    request
+}
+
+/// A node call without an overall deadline (long streams: the transport's keep-alive
+/// notices a dead node), with generation metadata.
+pub fn untimed_node_request<T>(message: T, generation: u64) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
     if let Ok(value) = generation.to_string().parse() {
         request.metadata_mut().insert(meta::GENERATION, value);
     }

@@ -6,14 +6,17 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use berth_proto::meta::ErrorKind;
 use berth_workspace::WorkspaceId;
-use tonic::{Code, Status};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Response, Status, Streaming};
 
 use crate::binding::{BindRequest, Binder};
 use crate::error::ControlPlaneError;
-use crate::node_client::NodeAgentClient;
+use crate::node_client::{NodeAgentClient, node_request, untimed_node_request};
 use crate::records::WorkspaceRecord;
 use crate::view::EffectiveState;
 
@@ -82,6 +85,31 @@ impl Router {
         }
     }
 
+    /// Forwards one call (unary or server-streaming) to the workspace's node with
+    /// [`call`](Self::call)'s retry: `message` goes out with the target's generation and
+    /// `timeout` as the node call's deadline (`None` for long streams).
+    pub async fn forward<M, R, F, Fut>(
+        &self,
+        workspace_id: &WorkspaceId,
+        message: M,
+        timeout: Option<Duration>,
+        call: F,
+    ) -> Result<Response<R>, Status>
+    where
+        M: Clone,
+        F: Fn(NodeAgentClient, tonic::Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        self.call(workspace_id, |target: Target| {
+            let request = match timeout {
+                Some(timeout) => node_request(message.clone(), target.generation(), timeout),
+                None => untimed_node_request(message.clone(), target.generation()),
+            };
+            call(target.client.clone(), request)
+        })
+        .await
+    }
+
     /// After a stale-route answer: re-read; if the record still names the same node and
     /// generation and the node denies holding it, re-provision (new generation).
     async fn retarget(
@@ -120,4 +148,49 @@ fn is_stale_route(status: &Status) -> bool {
         || (status.code() == Code::Unavailable
             && ErrorKind::of(status).is_none()
             && !berth_proto::meta::is_retryable(status))
+}
+
+/// Pipes a client stream (its header already read) to a node call on `target`. A stream
+/// cannot be replayed, so there is no retry: resolve the target first. The node must see
+/// a failed client stream as a reset, never as a clean end (it would commit what arrived),
+/// so a broken inbound stream drops the node call.
+pub async fn pipe<M, R, F, Fut>(
+    target: Target,
+    header: M,
+    mut inbound: Streaming<M>,
+    call: F,
+) -> Result<Response<R>, Status>
+where
+    M: Send + 'static,
+    F: FnOnce(NodeAgentClient, tonic::Request<ReceiverStream<M>>) -> Fut,
+    Fut: Future<Output = Result<Response<R>, Status>>,
+{
+    let (chunks, outbound) = mpsc::channel::<M>(8);
+    let (abort, aborted) = oneshot::channel::<Status>();
+    let pump = tokio::spawn(async move {
+        if chunks.send(header).await.is_err() {
+            return;
+        }
+        loop {
+            match inbound.message().await {
+                Ok(Some(message)) => {
+                    if chunks.send(message).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(status) => {
+                    let _ = abort.send(status);
+                    return;
+                }
+            }
+        }
+    });
+    let request = untimed_node_request(ReceiverStream::new(outbound), target.generation());
+    let outcome = tokio::select! {
+        response = call(target.client.clone(), request) => response,
+        Ok(status) = aborted => Err(Status::aborted(format!("client stream failed: {}", status.message()))),
+    };
+    pump.abort();
+    outcome
 }

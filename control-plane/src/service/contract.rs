@@ -4,7 +4,6 @@
 //! Client-streaming calls (AddSkill, UploadTree) cannot be replayed, so they resolve the
 //! target first and pipe; a broken client stream reaches the node as a reset.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,14 +15,11 @@ use berth_proto::v1::contract_service_server::ContractService;
 use berth_proto::v1::{self, add_skill_request, upload_tree_request};
 use berth_workspace::{RelPath, WorkspaceId};
 use futures::Stream;
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::{Access, Action, Caller};
 use crate::error::ControlPlaneError;
-use crate::node_client::{NodeAgentClient, node_request};
-use crate::router::{Router, Target};
+use crate::router::{Router, pipe};
 
 /// Added to an MCP call's own timeout: the server may have to start first, and the node's
 /// typed DEADLINE_EXCEEDED should reach the client before the transport deadline.
@@ -51,27 +47,6 @@ impl ContractApi {
     async fn authorize(&self, caller: &Caller, workspace_id: &str) -> Result<WorkspaceId, Status> {
         Ok(self.access.workspace(caller, workspace_id, Action::Use).await?.0)
     }
-
-    /// Forwards a unary call with one retry on a stale route.
-    async fn forward<M, R, F, Fut>(
-        &self,
-        id: &WorkspaceId,
-        message: M,
-        timeout: Duration,
-        call: F,
-    ) -> Result<Response<R>, Status>
-    where
-        M: Clone,
-        F: Fn(NodeAgentClient, tonic::Request<M>) -> Fut,
-        Fut: Future<Output = Result<Response<R>, Status>>,
-    {
-        self.router
-            .call(id, |target: Target| {
-                let request = node_request(message.clone(), target.generation(), timeout);
-                call(target.client.clone(), request)
-            })
-            .await
-    }
 }
 
 fn invalid(error: berth_workspace::WorkspaceError) -> Status {
@@ -81,53 +56,6 @@ fn invalid(error: berth_workspace::WorkspaceError) -> Status {
 fn mcp_deadline(timeout_ms: u64) -> Duration {
     let call = if timeout_ms == 0 { MCP_DEFAULT_CALL } else { Duration::from_millis(timeout_ms) };
     call + MCP_DEADLINE_MARGIN
-}
-
-/// Pipes a client stream (its header already read) to a node call on `target`. The node
-/// must see a failed client stream as a reset, never as a clean end (it would commit), so
-/// a broken inbound stream drops the node call.
-async fn pipe<M, R, F, Fut>(
-    target: Target,
-    header: M,
-    mut inbound: Streaming<M>,
-    call: F,
-) -> Result<Response<R>, Status>
-where
-    M: Send + 'static,
-    F: FnOnce(NodeAgentClient, tonic::Request<ReceiverStream<M>>) -> Fut,
-    Fut: Future<Output = Result<Response<R>, Status>>,
-{
-    let (chunks, outbound) = mpsc::channel::<M>(8);
-    let (abort, aborted) = oneshot::channel::<Status>();
-    let pump = tokio::spawn(async move {
-        if chunks.send(header).await.is_err() {
-            return;
-        }
-        loop {
-            match inbound.message().await {
-                Ok(Some(message)) => {
-                    if chunks.send(message).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(status) => {
-                    let _ = abort.send(status);
-                    return;
-                }
-            }
-        }
-    });
-    let mut request = tonic::Request::new(ReceiverStream::new(outbound));
-    if let Ok(value) = target.generation().to_string().parse() {
-        request.metadata_mut().insert(berth_proto::meta::GENERATION, value);
-    }
-    let outcome = tokio::select! {
-        response = call(target.client.clone(), request) => response,
-        Ok(status) = aborted => Err(Status::aborted(format!("client stream failed: {}", status.message()))),
-    };
-    pump.abort();
-    outcome
 }
 
 async fn header_of<M>(inbound: &mut Streaming<M>) -> Result<M, Status>
@@ -144,10 +72,11 @@ impl ContractService for ContractApi {
         let message = request.into_inner();
         let id = self.authorize(&caller, &message.workspace_id).await?;
         mcp_spec_from_proto(message.server.clone()).map_err(invalid)?;
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.add_mcp(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.add_mcp(request).await
+            })
+            .await
     }
 
     async fn remove_mcp(
@@ -158,20 +87,22 @@ impl ContractService for ContractApi {
         let message = request.into_inner();
         let id = self.authorize(&caller, &message.workspace_id).await?;
         check_mcp_target(&message.name, None).map_err(invalid)?;
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.remove_mcp(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.remove_mcp(request).await
+            })
+            .await
     }
 
     async fn list_mcps(&self, request: Request<v1::ListMcpsRequest>) -> Result<Response<v1::ListMcpsResponse>, Status> {
         let caller = Caller::of(&request)?;
         let message = request.into_inner();
         let id = self.authorize(&caller, &message.workspace_id).await?;
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.list_mcps(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.list_mcps(request).await
+            })
+            .await
     }
 
     async fn list_mcp_tools(
@@ -183,7 +114,13 @@ impl ContractService for ContractApi {
         let id = self.authorize(&caller, &message.workspace_id).await?;
         check_mcp_target(&message.server, None).map_err(invalid)?;
         let deadline = mcp_deadline(message.timeout_ms);
-        self.forward(&id, message, deadline, |mut client, request| async move { client.list_mcp_tools(request).await })
+        self.router
+            .forward(
+                &id,
+                message,
+                Some(deadline),
+                |mut client, request| async move { client.list_mcp_tools(request).await },
+            )
             .await
     }
 
@@ -197,7 +134,13 @@ impl ContractService for ContractApi {
         check_mcp_target(&message.server, Some(&message.tool)).map_err(invalid)?;
         tool_arguments(&message.arguments_json).map_err(invalid)?;
         let deadline = mcp_deadline(message.timeout_ms);
-        self.forward(&id, message, deadline, |mut client, request| async move { client.call_mcp_tool(request).await })
+        self.router
+            .forward(
+                &id,
+                message,
+                Some(deadline),
+                |mut client, request| async move { client.call_mcp_tool(request).await },
+            )
             .await
     }
 
@@ -225,10 +168,11 @@ impl ContractService for ContractApi {
         let message = request.into_inner();
         let id = self.authorize(&caller, &message.workspace_id).await?;
         check_skill_name(&message.name, true).map_err(invalid)?;
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.remove_skill(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.remove_skill(request).await
+            })
+            .await
     }
 
     async fn list_skills(
@@ -238,10 +182,11 @@ impl ContractService for ContractApi {
         let caller = Caller::of(&request)?;
         let message = request.into_inner();
         let id = self.authorize(&caller, &message.workspace_id).await?;
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.list_skills(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.list_skills(request).await
+            })
+            .await
     }
 
     async fn get_skill(&self, request: Request<v1::GetSkillRequest>) -> Result<Response<v1::GetSkillResponse>, Status> {
@@ -249,10 +194,11 @@ impl ContractService for ContractApi {
         let message = request.into_inner();
         let id = self.authorize(&caller, &message.workspace_id).await?;
         check_skill_name(&message.name, true).map_err(invalid)?;
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.get_skill(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.get_skill(request).await
+            })
+            .await
     }
 
     async fn offload_context(
@@ -264,10 +210,11 @@ impl ContractService for ContractApi {
         let id = self.authorize(&caller, &message.workspace_id).await?;
         berth_workspace::offload::validate_session_id(&message.session_id).map_err(invalid)?;
         context_messages(&message.messages_json).map_err(invalid)?;
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.offload_context(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.offload_context(request).await
+            })
+            .await
     }
 
     async fn offload_tool_result(
@@ -285,10 +232,11 @@ impl ContractService for ContractApi {
                 max: berth_workspace::offload::MAX_TOOL_RESULT_BYTES as u64,
             }));
         }
-        self.forward(&id, message, self.node_call_timeout, |mut client, request| async move {
-            client.offload_tool_result(request).await
-        })
-        .await
+        self.router
+            .forward(&id, message, Some(self.node_call_timeout), |mut client, request| async move {
+                client.offload_tool_result(request).await
+            })
+            .await
     }
 
     async fn upload_tree(
@@ -320,17 +268,7 @@ impl ContractService for ContractApi {
         // Streams can be long: no overall deadline (keep-alive notices a dead node).
         let response = self
             .router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move {
-                    let mut request = tonic::Request::new(message);
-                    if let Ok(value) = target.generation().to_string().parse() {
-                        request.metadata_mut().insert(berth_proto::meta::GENERATION, value);
-                    }
-                    client.download_tree(request).await
-                }
-            })
+            .forward(&id, message, None, |mut client, request| async move { client.download_tree(request).await })
             .await?;
         Ok(Response::new(Box::pin(response.into_inner())))
     }

@@ -11,15 +11,12 @@ use berth_proto::v1::workspace_service_server::WorkspaceService;
 use berth_proto::v1::{self, write_file_request::Msg as WriteMsg};
 use berth_workspace::{RelPath, WorkspaceId};
 use futures::Stream;
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::sessions::Sessions;
 use crate::authz::{Access, Action, Caller};
 use crate::error::ControlPlaneError;
-use crate::node_client::node_request;
-use crate::router::Router;
+use crate::router::{Router, pipe};
 
 /// Extra time a node call gets past the exec's own timeout, so the node's timed-out answer
 /// (not a transport deadline) reaches the client.
@@ -114,11 +111,7 @@ impl WorkspaceService for WorkspaceApi {
         let deadline = spec.timeout + EXEC_DEADLINE_MARGIN;
         let result = self
             .router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move { client.exec(node_request(message, target.generation(), deadline)).await }
-            })
+            .forward(&id, message, Some(deadline), |mut client, request| async move { client.exec(request).await })
             .await?;
         Ok(Response::new(result.into_inner()))
     }
@@ -130,14 +123,12 @@ impl WorkspaceService for WorkspaceApi {
         let message = request.into_inner();
         let spec = exec_spec_from_proto(&message).map_err(ControlPlaneError::from)?;
         let deadline = spec.timeout + EXEC_DEADLINE_MARGIN;
-        let response = self
-            .router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move { client.exec_stream(node_request(message, target.generation(), deadline)).await }
-            })
-            .await?;
+        let response =
+            self.router
+                .forward(&id, message, Some(deadline), |mut client, request| async move {
+                    client.exec_stream(request).await
+                })
+                .await?;
         Ok(Response::new(Box::pin(response.into_inner())))
     }
 
@@ -151,17 +142,7 @@ impl WorkspaceService for WorkspaceApi {
         // dead node.
         let response = self
             .router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move {
-                    let mut request = tonic::Request::new(message);
-                    if let Ok(value) = target.generation().to_string().parse() {
-                        request.metadata_mut().insert(berth_proto::meta::GENERATION, value);
-                    }
-                    client.read_file(request).await
-                }
-            })
+            .forward(&id, message, None, |mut client, request| async move { client.read_file(request).await })
             .await?;
         Ok(Response::new(Box::pin(response.into_inner())))
     }
@@ -180,40 +161,8 @@ impl WorkspaceService for WorkspaceApi {
         let (id, _) = self.access.workspace(&caller, &header.workspace_id, Action::Use).await?;
         // The stream can be consumed once, so there is no retry: resolve first, then pipe.
         let target = self.router.target(&id).await?;
-        let mut client = target.client.clone();
-        let (chunks, outbound) = mpsc::channel::<v1::WriteFileRequest>(8);
-        let (abort, aborted) = oneshot::channel::<Status>();
-        // The node must see a client failure as a reset, never as a clean end of stream (it
-        // would commit a truncated file), so a broken inbound stream drops the node call.
-        let pump = tokio::spawn(async move {
-            if chunks.send(v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) }).await.is_err() {
-                return;
-            }
-            loop {
-                match inbound.message().await {
-                    Ok(Some(message)) => {
-                        if chunks.send(message).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => return,
-                    Err(status) => {
-                        let _ = abort.send(status);
-                        return;
-                    }
-                }
-            }
-        });
-        let mut request = tonic::Request::new(ReceiverStream::new(outbound));
-        if let Ok(value) = target.generation().to_string().parse() {
-            request.metadata_mut().insert(berth_proto::meta::GENERATION, value);
-        }
-        let outcome = tokio::select! {
-            response = client.write_file(request) => response,
-            Ok(status) = aborted => Err(Status::aborted(format!("client stream failed: {}", status.message()))),
-        };
-        pump.abort();
-        Ok(Response::new(outcome?.into_inner()))
+        let header = v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) };
+        pipe(target, header, inbound, |mut client, request| async move { client.write_file(request).await }).await
     }
 
     async fn stat(&self, request: Request<v1::StatRequest>) -> Result<Response<v1::FileInfo>, Status> {
@@ -223,11 +172,7 @@ impl WorkspaceService for WorkspaceApi {
         let timeout = self.node_call_timeout;
         let response = self
             .router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move { client.stat(node_request(message, target.generation(), timeout)).await }
-            })
+            .forward(&id, message, Some(timeout), |mut client, request| async move { client.stat(request).await })
             .await?;
         Ok(response)
     }
@@ -238,11 +183,7 @@ impl WorkspaceService for WorkspaceApi {
         let message = request.into_inner();
         let timeout = self.node_call_timeout;
         self.router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move { client.list_dir(node_request(message, target.generation(), timeout)).await }
-            })
+            .forward(&id, message, Some(timeout), |mut client, request| async move { client.list_dir(request).await })
             .await
     }
 
@@ -255,11 +196,12 @@ impl WorkspaceService for WorkspaceApi {
         let message = request.into_inner();
         let timeout = self.node_call_timeout;
         self.router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move { client.remove_path(node_request(message, target.generation(), timeout)).await }
-            })
+            .forward(
+                &id,
+                message,
+                Some(timeout),
+                |mut client, request| async move { client.remove_path(request).await },
+            )
             .await
     }
 
@@ -269,11 +211,7 @@ impl WorkspaceService for WorkspaceApi {
         let message = request.into_inner();
         let timeout = self.node_call_timeout;
         self.router
-            .call(&id, |target| {
-                let message = message.clone();
-                let mut client = target.client.clone();
-                async move { client.make_dir(node_request(message, target.generation(), timeout)).await }
-            })
+            .forward(&id, message, Some(timeout), |mut client, request| async move { client.make_dir(request).await })
             .await
     }
 
