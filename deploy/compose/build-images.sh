@@ -48,7 +48,7 @@ fi
 
 # The shared objects a binary needs, as absolute paths (the loader included).
 libraries_of() {
-    ldd "$1" 2>/dev/null | awk '/=> \// { print $3 } /^\s*\/.*ld-linux/ { print $1 }' | sort -u
+    ldd "$1" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u
 }
 
 # Copies binary $1 to $2/usr/local/bin/ with its libraries at their host paths.
