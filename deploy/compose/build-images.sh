@@ -54,7 +54,10 @@ libraries_of() {
 # Copies binary $1 to $2/usr/local/bin/ with its libraries at their host paths.
 add_binary() {
     local binary="$1" rootfs="$2" library
-    install -D -m 0755 "$binary" "$rootfs/usr/local/bin/$(basename "$binary")"
+    local target="$rootfs/usr/local/bin/$(basename "$binary")"
+    install -D -m 0755 "$binary" "$target"
+    # The release profile keeps debug info (100+ MB); the image needs none of it.
+    if command -v strip >/dev/null; then strip --strip-debug "$target"; fi
     for library in $(libraries_of "$binary"); do
         install -D -m 0755 "$(readlink -f "$library")" "$rootfs$library"
     done
