@@ -206,10 +206,7 @@ impl ComposeCluster {
         )?;
         // The containers read these as root through a read-only bind mount.
         for name in ["node.secret", "tokens.toml"] {
-            std::fs::set_permissions(
-                secrets.path().join(name),
-                std::os::unix::fs::PermissionsExt::from_mode(0o644),
-            )?;
+            std::fs::set_permissions(secrets.path().join(name), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
         }
         std::fs::set_permissions(secrets.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
         let project = format!("berthtest{:08x}", rand::random::<u32>());
@@ -405,7 +402,17 @@ impl Drop for ComposeCluster {
         let file = self.compose_file.display().to_string();
         let torn_down = std::process::Command::new(&program[0])
             .args(&program[1..])
-            .args(["--project-name", &self.project, "--file", &file, "down", "--volumes", "--remove-orphans", "--timeout", "1"])
+            .args([
+                "--project-name",
+                &self.project,
+                "--file",
+                &file,
+                "down",
+                "--volumes",
+                "--remove-orphans",
+                "--timeout",
+                "1",
+            ])
             .envs(self.env())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -413,11 +420,9 @@ impl Drop for ComposeCluster {
             .output();
         match torn_down {
             Ok(output) if output.status.success() => {}
-            Ok(output) => eprintln!(
-                "compose down of {} failed: {}",
-                self.project,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
+            Ok(output) => {
+                eprintln!("compose down of {} failed: {}", self.project, String::from_utf8_lossy(&output.stderr).trim())
+            }
             Err(error) => eprintln!("compose down of {} did not run: {error}", self.project),
         }
     }

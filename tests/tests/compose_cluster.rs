@@ -78,7 +78,8 @@ async fn compose_partitioned_node_is_dropped_its_workspace_moves_and_it_fences_o
 
     let cut_at = Instant::now();
     docker(&["network", "disconnect", "--force", &network, &cut_container]).await.expect("disconnect");
-    let remaining: Vec<String> = cluster.node_ids().await.expect("ids").into_iter().filter(|id| *id != cut_id).collect();
+    let remaining: Vec<String> =
+        cluster.node_ids().await.expect("ids").into_iter().filter(|id| *id != cut_id).collect();
     let limit = cluster.config.node_lease_ttl + Duration::from_secs(2);
     let gone = cluster.wait_nodes_listed(&remaining, limit + Duration::from_secs(10)).await;
     let detected = cut_at.elapsed();
@@ -156,8 +157,11 @@ async fn compose_etcd_member_killed_during_storm_of_first_sessions() {
     let mut tasks = Vec::new();
     for index in 0..CALLS {
         let replica = cluster.replicas[index % 3].clone();
-        let (user, key) =
-            if index % 2 == 0 { ("storm-shared".to_owned(), "shared".to_owned()) } else { (format!("storm-{index}"), format!("distinct-{index}")) };
+        let (user, key) = if index % 2 == 0 {
+            ("storm-shared".to_owned(), "shared".to_owned())
+        } else {
+            (format!("storm-{index}"), format!("distinct-{index}"))
+        };
         let (done, limit, mut killed) = (Arc::clone(&done), Arc::clone(&limit), killed.clone());
         tasks.push(tokio::spawn(async move {
             if index >= FREE_RUNNING {
@@ -299,10 +303,8 @@ async fn compose_rolling_restart_of_replicas_under_exec_load() {
                         let second = &replicas[next % 3];
                         match second.exec(&workspace_id, &argv).await {
                             Ok(_) => worst = worst.max(began.elapsed()),
-                            Err(again) => failures.push(format!(
-                                "{} then {}: {status:?} / {again:?}",
-                                first.service, second.service
-                            )),
+                            Err(again) => failures
+                                .push(format!("{} then {}: {status:?} / {again:?}", first.service, second.service)),
                         }
                     }
                 }

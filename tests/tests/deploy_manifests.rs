@@ -198,14 +198,17 @@ fn every_manifest_parses_into_typed_kubernetes_objects() {
     assert_eq!(manifests.deployments.len(), 1, "replicas run as one Deployment");
     assert_eq!(manifests.daemon_sets.len(), 1, "node agents run as one DaemonSet");
     assert_eq!(manifests.stateful_sets.len(), 1, "etcd runs as one StatefulSet");
-    assert!(!manifests.roles.is_empty() && !manifests.role_bindings.is_empty() && !manifests.service_accounts.is_empty());
+    assert!(
+        !manifests.roles.is_empty() && !manifests.role_bindings.is_empty() && !manifests.service_accounts.is_empty()
+    );
     assert!(!manifests.secrets.is_empty());
 }
 
 #[test]
 fn a_misspelled_field_fails_the_parse() {
     let mut manifests = Manifests::default();
-    let good = "apiVersion: v1\nkind: Service\nmetadata:\n  name: s\nspec:\n  selector: {app: a}\n  ports: [{port: 1}]\n";
+    let good =
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: s\nspec:\n  selector: {app: a}\n  ports: [{port: 1}]\n";
     parse_into(&mut manifests, "good", good).expect("a correct Service parses");
     let typo = good.replace("selector:", "selektor:");
     let error = parse_into(&mut manifests, "typo", &typo).expect_err("a misspelled field fails");
@@ -353,7 +356,10 @@ fn manifests_refer_only_to_what_exists() {
             let target = port.target_port.clone().unwrap_or(IntOrString::Int(port.port));
             for workload in &selected {
                 if !containers(workload.template).iter().any(|container| has_port(container, &target)) {
-                    problems.push(format!("Service {service_name}: target port {target:?} is not a port of {}", workload.name));
+                    problems.push(format!(
+                        "Service {service_name}: target port {target:?} is not a port of {}",
+                        workload.name
+                    ));
                 }
             }
         }
@@ -365,12 +371,19 @@ fn manifests_refer_only_to_what_exists() {
                 && service.spec.as_ref().and_then(|spec| spec.cluster_ip.as_deref()) == Some("None")
         });
         if !headless {
-            problems.push(format!("StatefulSet {:?}: serviceName {service_name} is not a headless Service", set.metadata.name));
+            problems.push(format!(
+                "StatefulSet {:?}: serviceName {service_name} is not a headless Service",
+                set.metadata.name
+            ));
         }
     }
     for budget in &manifests.disruption_budgets {
-        let selector =
-            budget.spec.as_ref().and_then(|spec| spec.selector.as_ref()).and_then(|s| s.match_labels.clone()).unwrap_or_default();
+        let selector = budget
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.selector.as_ref())
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default();
         if !workloads.iter().any(|workload| selects(&selector, &pod_labels(workload.template))) {
             problems.push(format!("PodDisruptionBudget {:?} selects no workload", budget.metadata.name));
         }
@@ -433,7 +446,8 @@ fn berth_variables(text: &str) -> BTreeSet<String> {
         if !line.starts_with("BERTH_") {
             continue;
         }
-        let name: String = line.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
+        let name: String =
+            line.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
         found.insert(name);
     }
     found
