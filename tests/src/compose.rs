@@ -16,6 +16,7 @@ use anyhow::{Context, bail};
 use berth_proto::auth::{BearerInterceptor, Secret};
 use berth_proto::v1;
 use berth_proto::v1::admin_service_client::AdminServiceClient;
+use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use tempfile::TempDir;
 use tonic::Status;
@@ -140,6 +141,7 @@ pub struct ComposeCluster {
     compose_file: PathBuf,
     secrets: TempDir,
     admin_token: Secret,
+    node_secret: Secret,
     /// Host ports the replicas are published on: fixed for the project's life, so a
     /// restarted replica comes back at the same address.
     replica_ports: [u16; 3],
@@ -217,6 +219,7 @@ impl ComposeCluster {
             compose_file,
             secrets,
             admin_token,
+            node_secret: Secret::new(node_secret),
             replica_ports: [crate::process::free_port()?, crate::process::free_port()?, crate::process::free_port()?],
             bring_up: Duration::ZERO,
         };
@@ -311,6 +314,19 @@ impl ComposeCluster {
             .into_iter()
             .find(|container| node_id_of(container) == node_id)
             .with_context(|| format!("no node container for {node_id}"))
+    }
+
+    /// A NodeAgentService client for node `node_id` through its published port, carrying
+    /// the node secret as a replica would.
+    pub async fn node_client(&self, node_id: &str) -> anyhow::Result<NodeAgentServiceClient<AuthedChannel>> {
+        let container = self.node_container(node_id).await?;
+        let out = docker(&["port", &container, "7071/tcp"]).await?;
+        let published = out.lines().find(|line| line.starts_with("127.0.0.1:")).context("node port not published")?;
+        let endpoint = format!("http://{}", published.trim());
+        Ok(NodeAgentServiceClient::with_interceptor(
+            channel(&endpoint),
+            BearerInterceptor::new(Some(&self.node_secret)),
+        ))
     }
 
     /// The project's network (`<project>_berth`).

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use berth_proto::meta::ErrorKind;
+use berth_proto::v1;
 use berth_tests::berth::{is_transient, retry_transient};
 use berth_tests::compose::{ComposeCluster, ComposeConfig, ComposeReplica, ETCD_SERVICES, REPLICA_SERVICES, docker};
 use berth_tests::process::{wait_for, wait_until};
@@ -70,9 +72,12 @@ async fn compose_partitioned_node_is_dropped_its_workspace_moves_and_it_fences_o
     let session = cluster.replicas[0].create_session("partition", "coder", "").await.expect("create");
     let workspace_id = session.workspace_id;
     cluster.replicas[0].exec(&workspace_id, &["sh", "-c", "echo before > marker"]).await.expect("exec");
-    let cut_id = placement(&cluster.replicas[0], &workspace_id).await;
+    let placed = cluster.replicas[0].get_workspace(&workspace_id).await.expect("get workspace");
+    let cut_id = placed.node_id.clone();
     let cut_container = cluster.node_container(&cut_id).await.expect("container");
     let network = cluster.network();
+    // The probe used after reconnecting, while the node still holds the workspace: served.
+    stat_on_node(&cluster, &cut_id, &workspace_id, placed.generation).await.expect("the node serves its workspace");
     // The node fences itself while cut off: its log from here on must show that first.
     let log_before = cluster.container_log(&cut_container).await.len();
 
@@ -115,11 +120,40 @@ async fn compose_partitioned_node_is_dropped_its_workspace_moves_and_it_fences_o
     assert!(fenced < serving, "served before fencing:\n{after}");
     assert!(after.contains("removed a copy superseded"), "no removal logged:\n{after}");
 
+    // Asked directly, as a replica with a stale route would, the returned node refuses the
+    // workspace at the generation it used to hold: that copy is gone.
+    let refused = wait_for(Duration::from_secs(10), || async {
+        match stat_on_node(&cluster, &cut_id, &workspace_id, placed.generation).await {
+            Ok(()) => Some(Err("served".to_owned())),
+            Err(status) if ErrorKind::of(&status) == Some(ErrorKind::WrongGeneration) => Some(Ok(())),
+            Err(status) if status.code() == tonic::Code::Unavailable => None,
+            Err(status) => Some(Err(format!("{status:?}"))),
+        }
+    })
+    .await;
+    assert_eq!(refused, Some(Ok(())), "the returned node still answers for the moved workspace");
+
     // Every replica routes the workspace to its new node, never to the returned one.
     for replica in &cluster.replicas {
         let host = runs_on(replica, &workspace_id).await.expect("exec after reconnect");
         assert_eq!(host, moved_to, "through {}", replica.service);
     }
+}
+
+/// Stat of a workspace's root asked of node `node_id` directly, at `generation`, as a
+/// replica routing there would.
+async fn stat_on_node(
+    cluster: &ComposeCluster,
+    node_id: &str,
+    workspace_id: &str,
+    generation: u64,
+) -> Result<(), tonic::Status> {
+    let mut client =
+        cluster.node_client(node_id).await.map_err(|error| tonic::Status::unavailable(error.to_string()))?;
+    let mut request = tonic::Request::new(v1::StatRequest { workspace_id: workspace_id.into(), path: String::new() });
+    request.metadata_mut().insert(berth_proto::meta::GENERATION, generation.to_string().parse().expect("ascii"));
+    request.set_timeout(Duration::from_secs(3));
+    client.stat(request).await.map(|_| ())
 }
 
 /// One CreateSession of the storm and how it went.
