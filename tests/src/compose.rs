@@ -196,6 +196,7 @@ impl ComposeCluster {
                 bail!("image {image} is missing: run deploy/compose/build-images.sh first");
             }
         }
+        remove_stale_projects().await;
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
         let compose_file = root.join("deploy/compose/docker-compose.yml");
         let secrets = tempfile::Builder::new().prefix("berth-compose-secrets-").tempdir()?;
@@ -444,8 +445,76 @@ impl Drop for ComposeCluster {
     }
 }
 
+/// Test projects live well under a minute; one older than this was left by a test run that
+/// was killed before its drop guard ran.
+const STALE_PROJECT_AGE: Duration = Duration::from_secs(15 * 60);
+
+/// Removes the containers and networks of test projects (`berthtest*`) older than
+/// [`STALE_PROJECT_AGE`], so a killed run does not leave nine containers behind for good.
+/// Best effort: a failure here is logged and the test goes on.
+async fn remove_stale_projects() {
+    let Ok(listing) = docker(&[
+        "ps",
+        "--all",
+        "--filter",
+        "label=com.docker.compose.project",
+        "--format",
+        "{{.ID}} {{.Label \"com.docker.compose.project\"}} {{.CreatedAt}}",
+    ])
+    .await
+    else {
+        return;
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut stale_projects = std::collections::BTreeSet::new();
+    for line in listing.lines() {
+        // "<id> <project> 2026-11-30 10:51:03 +0000 UTC"
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [id, project, date, time, "+0000", ..] = fields.as_slice() else { continue };
+        let Some(created) = unix_seconds(date, time) else { continue };
+        if project.starts_with("berthtest") && now.as_secs().saturating_sub(created) > STALE_PROJECT_AGE.as_secs() {
+            stale_projects.insert((*project).to_owned());
+            if let Err(error) = docker(&["rm", "--force", "--volumes", id]).await {
+                eprintln!("removing stale container {id}: {error:#}");
+            }
+        }
+    }
+    for project in stale_projects {
+        eprintln!("removed stale compose project {project}");
+        let _ = docker(&["network", "rm", &format!("{project}_berth")]).await;
+    }
+}
+
+/// Seconds since the epoch of a UTC `YYYY-MM-DD` `HH:MM:SS` (days from the civil date, as in
+/// Howard Hinnant's `days_from_civil`).
+fn unix_seconds(date: &str, time: &str) -> Option<u64> {
+    let numbers = |text: &str, separator: char| -> Option<Vec<i64>> {
+        text.split(separator).map(|part| part.parse::<i64>().ok()).collect()
+    };
+    let (date, time) = (numbers(date, '-')?, numbers(time, ':')?);
+    let ([year, month, day], [hour, minute, second]) = (date.as_slice(), time.as_slice()) else { return None };
+    let year = if *month <= 2 { year - 1 } else { *year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    u64::try_from(days * 86_400 + hour * 3600 + minute * 60 + second).ok()
+}
+
 /// A node agent in the compose cluster is named after its hostname: the first 12 hex digits
 /// of its container id.
 pub fn node_id_of(container: &str) -> String {
     container.chars().take(12).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unix_seconds_of_docker_timestamps() {
+        assert_eq!(super::unix_seconds("1970-01-01", "00:00:00"), Some(0));
+        assert_eq!(super::unix_seconds("2026-11-30", "10:51:03"), Some(1_796_035_863));
+        assert_eq!(super::unix_seconds("2000-02-29", "12:00:00"), Some(951_825_600));
+        assert_eq!(super::unix_seconds("2026-11", "10:51:03"), None);
+    }
 }
