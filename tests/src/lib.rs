@@ -1,7 +1,8 @@
 //! Cross-process integration test support: real etcd processes, Berth replicas and node
-//! agents, started and killed by PID.
+//! agents, started and killed by PID; and the compose cluster of `deploy/compose/`.
 
 pub mod berth;
 pub mod cluster;
+pub mod compose;
 pub mod etcd;
 pub mod process;

@@ -1,0 +1,513 @@
+//! The deployment files under `deploy/` are checked without a cluster:
+//!
+//! - every Kubernetes manifest document parses into its typed `k8s-openapi` structure, and
+//!   a field the type does not know fails (the typed value is serialized back and every
+//!   field of the document must survive the round trip: k8s-openapi itself ignores unknown
+//!   fields, so a typo like `readinesProbe` would otherwise pass silently);
+//! - the documents agree with each other: Service selectors select a workload's pods and
+//!   their target ports exist, probes name container ports, volume mounts name volumes,
+//!   Secrets / ServiceAccounts / Roles referred to exist, `$(VAR)` references are defined;
+//! - every `BERTH_*` variable in the manifests, the compose file and the systemd env files
+//!   is one the `berth` CLI reads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Container, Namespace, PodTemplateSpec, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every typed object of the manifests.
+#[derive(Default)]
+struct Manifests {
+    namespaces: Vec<Namespace>,
+    secrets: Vec<Secret>,
+    service_accounts: Vec<ServiceAccount>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    services: Vec<Service>,
+    deployments: Vec<Deployment>,
+    stateful_sets: Vec<StatefulSet>,
+    daemon_sets: Vec<DaemonSet>,
+    disruption_budgets: Vec<PodDisruptionBudget>,
+}
+
+/// Parses `value` as `T` and fails on any field the round trip loses.
+fn typed<T: DeserializeOwned + serde::Serialize>(origin: &str, value: &Value) -> Result<T, String> {
+    let parsed: T = serde_json::from_value(value.clone()).map_err(|error| format!("{origin}: {error}"))?;
+    let back = serde_json::to_value(&parsed).map_err(|error| format!("{origin}: {error}"))?;
+    let mut lost = Vec::new();
+    lost_fields(value, &back, String::new(), &mut lost);
+    if !lost.is_empty() {
+        return Err(format!("{origin}: unknown or mistyped fields: {}", lost.join(", ")));
+    }
+    Ok(parsed)
+}
+
+/// Paths of `original` that `round_trip` does not hold with the same value.
+fn lost_fields(original: &Value, round_trip: &Value, path: String, lost: &mut Vec<String>) {
+    match (original, round_trip) {
+        (Value::Object(fields), Value::Object(kept)) => {
+            for (name, value) in fields {
+                let field = format!("{path}.{name}");
+                match kept.get(name) {
+                    Some(kept_value) => lost_fields(value, kept_value, field, lost),
+                    // An explicit null is the same as an absent field.
+                    None if value.is_null() => {}
+                    None => lost.push(field),
+                }
+            }
+        }
+        (Value::Array(items), Value::Array(kept)) if items.len() == kept.len() => {
+            for (index, (item, kept_item)) in items.iter().zip(kept).enumerate() {
+                lost_fields(item, kept_item, format!("{path}[{index}]"), lost);
+            }
+        }
+        (left, right) if left == right => {}
+        (left, right) => lost.push(format!("{path} ({left} became {right})")),
+    }
+}
+
+/// Parses every document of `text` into `manifests`.
+fn parse_into(manifests: &mut Manifests, file: &str, text: &str) -> Result<usize, String> {
+    let mut count = 0;
+    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(document).map_err(|error| format!("{file} document {index}: {error}"))?;
+        if value.is_null() {
+            continue;
+        }
+        let api_version = value["apiVersion"].as_str().unwrap_or_default().to_owned();
+        let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+        let origin = format!("{file} document {index} ({api_version} {kind})");
+        match (api_version.as_str(), kind.as_str()) {
+            ("v1", "Namespace") => manifests.namespaces.push(typed(&origin, &value)?),
+            ("v1", "Secret") => manifests.secrets.push(typed(&origin, &value)?),
+            ("v1", "ServiceAccount") => manifests.service_accounts.push(typed(&origin, &value)?),
+            ("v1", "Service") => manifests.services.push(typed(&origin, &value)?),
+            ("rbac.authorization.k8s.io/v1", "Role") => manifests.roles.push(typed(&origin, &value)?),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => manifests.role_bindings.push(typed(&origin, &value)?),
+            ("apps/v1", "Deployment") => manifests.deployments.push(typed(&origin, &value)?),
+            ("apps/v1", "StatefulSet") => manifests.stateful_sets.push(typed(&origin, &value)?),
+            ("apps/v1", "DaemonSet") => manifests.daemon_sets.push(typed(&origin, &value)?),
+            ("policy/v1", "PodDisruptionBudget") => manifests.disruption_budgets.push(typed(&origin, &value)?),
+            _ => return Err(format!("{origin}: a kind this test does not know; add it here")),
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+fn load_manifests() -> Manifests {
+    let dir = repo_root().join("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("deploy/kubernetes")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml" || ext == "yml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no manifests in {}", dir.display());
+    let mut manifests = Manifests::default();
+    for path in files {
+        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).expect("read manifest");
+        let count = parse_into(&mut manifests, &name, &text).unwrap_or_else(|error| panic!("{error}"));
+        assert!(count > 0, "{name} holds no document");
+    }
+    manifests
+}
+
+/// A workload's name, pod template and its labels, and the volume claim templates.
+struct Workload<'a> {
+    name: String,
+    template: &'a PodTemplateSpec,
+    selector: BTreeMap<String, String>,
+    claims: Vec<String>,
+}
+
+impl Manifests {
+    fn workloads(&self) -> Vec<Workload<'_>> {
+        let mut all = Vec::new();
+        for deployment in &self.deployments {
+            let spec = &deployment.spec;
+            all.push(Workload {
+                name: format!("Deployment/{}", deployment.metadata.name.clone().unwrap_or_default()),
+                template: &spec.template,
+                selector: spec.selector.match_labels.clone().unwrap_or_default(),
+                claims: Vec::new(),
+            });
+        }
+        for set in &self.stateful_sets {
+            let spec = &set.spec;
+            all.push(Workload {
+                name: format!("StatefulSet/{}", set.metadata.name.clone().unwrap_or_default()),
+                template: &spec.template,
+                selector: spec.selector.match_labels.clone().unwrap_or_default(),
+                claims: spec
+                    .volume_claim_templates
+                    .iter()
+                    .flatten()
+                    .filter_map(|claim| claim.metadata.name.clone())
+                    .collect(),
+            });
+        }
+        for set in &self.daemon_sets {
+            let spec = &set.spec;
+            all.push(Workload {
+                name: format!("DaemonSet/{}", set.metadata.name.clone().unwrap_or_default()),
+                template: &spec.template,
+                selector: spec.selector.match_labels.clone().unwrap_or_default(),
+                claims: Vec::new(),
+            });
+        }
+        all
+    }
+}
+
+fn pod_labels(template: &PodTemplateSpec) -> BTreeMap<String, String> {
+    template.metadata.as_ref().and_then(|metadata| metadata.labels.clone()).unwrap_or_default()
+}
+
+fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    !selector.is_empty() && selector.iter().all(|(key, value)| labels.get(key) == Some(value))
+}
+
+fn containers(template: &PodTemplateSpec) -> &[Container] {
+    template.spec.as_ref().map(|spec| spec.containers.as_slice()).unwrap_or_default()
+}
+
+/// Whether `port` (a number or a name) is a port of `container`.
+fn has_port(container: &Container, port: &IntOrString) -> bool {
+    container.ports.iter().flatten().any(|declared| match port {
+        IntOrString::Int(number) => declared.container_port == *number,
+        IntOrString::String(name) => declared.name.as_deref() == Some(name.as_str()),
+    })
+}
+
+#[test]
+fn every_manifest_parses_into_typed_kubernetes_objects() {
+    let manifests = load_manifests();
+    assert_eq!(manifests.deployments.len(), 1, "replicas run as one Deployment");
+    assert_eq!(manifests.daemon_sets.len(), 1, "node agents run as one DaemonSet");
+    assert_eq!(manifests.stateful_sets.len(), 1, "etcd runs as one StatefulSet");
+    assert!(
+        !manifests.roles.is_empty() && !manifests.role_bindings.is_empty() && !manifests.service_accounts.is_empty()
+    );
+    assert!(!manifests.secrets.is_empty());
+}
+
+#[test]
+fn a_misspelled_field_fails_the_parse() {
+    let mut manifests = Manifests::default();
+    let good =
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: s\nspec:\n  selector: {app: a}\n  ports: [{port: 1}]\n";
+    parse_into(&mut manifests, "good", good).expect("a correct Service parses");
+    let typo = good.replace("selector:", "selektor:");
+    let error = parse_into(&mut manifests, "typo", &typo).expect_err("a misspelled field fails");
+    assert!(error.contains(".spec.selektor"), "{error}");
+    let mistyped = good.replace("port: 1", "port: one");
+    assert!(parse_into(&mut manifests, "mistyped", &mistyped).is_err(), "a string port fails");
+    let unknown_kind = "apiVersion: v1\nkind: Servic\nmetadata:\n  name: s\n";
+    assert!(parse_into(&mut manifests, "kind", unknown_kind).is_err());
+}
+
+#[test]
+fn manifests_refer_only_to_what_exists() {
+    let manifests = load_manifests();
+    let workloads = manifests.workloads();
+    let mut problems = Vec::new();
+
+    // Everything but the Namespace lives in the namespace the manifests create.
+    let namespaces: BTreeSet<String> =
+        manifests.namespaces.iter().filter_map(|namespace| namespace.metadata.name.clone()).collect();
+    let mut namespaced = Vec::new();
+    namespaced.extend(manifests.secrets.iter().map(|item| ("Secret", &item.metadata)));
+    namespaced.extend(manifests.service_accounts.iter().map(|item| ("ServiceAccount", &item.metadata)));
+    namespaced.extend(manifests.roles.iter().map(|item| ("Role", &item.metadata)));
+    namespaced.extend(manifests.role_bindings.iter().map(|item| ("RoleBinding", &item.metadata)));
+    namespaced.extend(manifests.services.iter().map(|item| ("Service", &item.metadata)));
+    namespaced.extend(manifests.deployments.iter().map(|item| ("Deployment", &item.metadata)));
+    namespaced.extend(manifests.stateful_sets.iter().map(|item| ("StatefulSet", &item.metadata)));
+    namespaced.extend(manifests.daemon_sets.iter().map(|item| ("DaemonSet", &item.metadata)));
+    namespaced.extend(manifests.disruption_budgets.iter().map(|item| ("PodDisruptionBudget", &item.metadata)));
+    for (kind, metadata) in &namespaced {
+        if !metadata.namespace.as_ref().is_some_and(|namespace| namespaces.contains(namespace)) {
+            problems.push(format!("{kind}/{:?} is not in a namespace of the manifests", metadata.name));
+        }
+    }
+
+    // Workloads: the selector selects the template; probes and mounts name what exists;
+    // secrets and service accounts exist; $(VAR) references are defined before use.
+    let secrets: BTreeMap<String, BTreeSet<String>> = manifests
+        .secrets
+        .iter()
+        .map(|secret| {
+            let mut keys: BTreeSet<String> = secret.string_data.iter().flatten().map(|(key, _)| key.clone()).collect();
+            keys.extend(secret.data.iter().flatten().map(|(key, _)| key.clone()));
+            (secret.metadata.name.clone().unwrap_or_default(), keys)
+        })
+        .collect();
+    let accounts: BTreeSet<String> =
+        manifests.service_accounts.iter().filter_map(|account| account.metadata.name.clone()).collect();
+    for workload in &workloads {
+        let name = &workload.name;
+        if !selects(&workload.selector, &pod_labels(workload.template)) {
+            problems.push(format!("{name}: selector {:?} does not select its own pods", workload.selector));
+        }
+        let spec = workload.template.spec.as_ref().expect("pod spec");
+        if let Some(account) = &spec.service_account_name
+            && !accounts.contains(account)
+        {
+            problems.push(format!("{name}: service account {account} does not exist"));
+        }
+        let mut volumes: BTreeSet<String> = workload.claims.iter().cloned().collect();
+        for volume in spec.volumes.iter().flatten() {
+            volumes.insert(volume.name.clone());
+            if let Some(secret) = &volume.secret {
+                let secret_name = secret.secret_name.clone().unwrap_or_default();
+                match secrets.get(&secret_name) {
+                    None => problems.push(format!("{name}: volume {} uses missing Secret {secret_name}", volume.name)),
+                    Some(keys) => {
+                        for item in secret.items.iter().flatten() {
+                            if !keys.contains(&item.key) {
+                                problems.push(format!("{name}: Secret {secret_name} has no key {}", item.key));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for container in containers(workload.template) {
+            let where_ = format!("{name} container {}", container.name);
+            for mount in container.volume_mounts.iter().flatten() {
+                if !volumes.contains(&mount.name) {
+                    problems.push(format!("{where_}: mounts unknown volume {}", mount.name));
+                }
+            }
+            let probes = [("readiness", &container.readiness_probe), ("liveness", &container.liveness_probe)];
+            for (which, probe) in probes {
+                let Some(probe) = probe else {
+                    problems.push(format!("{where_}: no {which} probe"));
+                    continue;
+                };
+                let port = if let Some(grpc) = &probe.grpc {
+                    IntOrString::Int(grpc.port)
+                } else if let Some(http) = &probe.http_get {
+                    http.port.clone()
+                } else if let Some(tcp) = &probe.tcp_socket {
+                    tcp.port.clone()
+                } else {
+                    problems.push(format!("{where_}: {which} probe has no port"));
+                    continue;
+                };
+                if !has_port(container, &port) {
+                    problems.push(format!("{where_}: {which} probe port {port:?} is not a container port"));
+                }
+            }
+            let image = container.image.clone().unwrap_or_default();
+            if image.starts_with("berth/") && container.image_pull_policy.as_deref() != Some("IfNotPresent") {
+                problems.push(format!("{where_}: locally built image {image} needs imagePullPolicy IfNotPresent"));
+            }
+            if image.starts_with("berth/berth") {
+                let probes_grpc = container.readiness_probe.as_ref().is_some_and(|probe| probe.grpc.is_some());
+                if !probes_grpc {
+                    problems.push(format!("{where_}: a berth process is probed through its gRPC health service"));
+                }
+            }
+            // $(VAR) in env values, command and args must name an env var defined earlier.
+            let mut defined = BTreeSet::new();
+            for variable in container.env.iter().flatten() {
+                for reference in references(variable.value.as_deref().unwrap_or_default()) {
+                    if !defined.contains(&reference) {
+                        problems.push(format!("{where_}: {} uses $({reference}) before it is defined", variable.name));
+                    }
+                }
+                defined.insert(variable.name.clone());
+            }
+            for word in container.command.iter().flatten().chain(container.args.iter().flatten()) {
+                for reference in references(word) {
+                    if !defined.contains(&reference) {
+                        problems.push(format!("{where_}: `{word}` uses undefined $({reference})"));
+                    }
+                }
+            }
+        }
+    }
+
+    // Services select some workload's pods, and their target ports exist there.
+    for service in &manifests.services {
+        let service_name = service.metadata.name.clone().unwrap_or_default();
+        let spec = service.spec.as_ref().expect("service spec");
+        let selector = spec.selector.clone().unwrap_or_default();
+        let selected: Vec<&Workload> =
+            workloads.iter().filter(|workload| selects(&selector, &pod_labels(workload.template))).collect();
+        if selected.is_empty() {
+            problems.push(format!("Service {service_name}: selector {selector:?} selects no workload"));
+        }
+        for port in spec.ports.iter().flatten() {
+            let target = port.target_port.clone().unwrap_or(IntOrString::Int(port.port));
+            for workload in &selected {
+                if !containers(workload.template).iter().any(|container| has_port(container, &target)) {
+                    problems.push(format!(
+                        "Service {service_name}: target port {target:?} is not a port of {}",
+                        workload.name
+                    ));
+                }
+            }
+        }
+    }
+    for set in &manifests.stateful_sets {
+        let service_name = set.spec.service_name.clone().unwrap_or_default();
+        let headless = manifests.services.iter().any(|service| {
+            service.metadata.name.as_deref() == Some(service_name.as_str())
+                && service.spec.as_ref().and_then(|spec| spec.cluster_ip.as_deref()) == Some("None")
+        });
+        if !headless {
+            problems.push(format!(
+                "StatefulSet {:?}: serviceName {service_name} is not a headless Service",
+                set.metadata.name
+            ));
+        }
+    }
+    for budget in &manifests.disruption_budgets {
+        let selector = budget
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.selector.as_ref())
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default();
+        if !workloads.iter().any(|workload| selects(&selector, &pod_labels(workload.template))) {
+            problems.push(format!("PodDisruptionBudget {:?} selects no workload", budget.metadata.name));
+        }
+    }
+
+    // RBAC: bindings name existing roles and service accounts.
+    let roles: BTreeSet<String> = manifests.roles.iter().filter_map(|role| role.metadata.name.clone()).collect();
+    for binding in &manifests.role_bindings {
+        let binding_name = binding.metadata.name.clone().unwrap_or_default();
+        if binding.role_ref.kind != "Role" || !roles.contains(&binding.role_ref.name) {
+            problems.push(format!("RoleBinding {binding_name}: role {} does not exist", binding.role_ref.name));
+        }
+        for subject in binding.subjects.iter().flatten() {
+            if subject.kind == "ServiceAccount" && !accounts.contains(&subject.name) {
+                problems.push(format!("RoleBinding {binding_name}: service account {} does not exist", subject.name));
+            }
+        }
+    }
+
+    assert!(problems.is_empty(), "deploy/kubernetes has broken references:\n{}", problems.join("\n"));
+}
+
+/// The names inside `$(…)` in `text`.
+fn references(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("$(") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find(')') else { break };
+        found.push(after[..end].to_owned());
+        rest = &after[end + 1..];
+    }
+    found
+}
+
+/// The `BERTH_*` variables the CLI's server commands read (`env = "BERTH_…"` in clap).
+fn cli_variables() -> BTreeSet<String> {
+    let dir = repo_root().join("cli/src/commands/server");
+    let mut known = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).expect("cli/src/commands/server") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("env = \"") {
+            let after = &rest[start + 7..];
+            let end = after.find('"').expect("closing quote");
+            known.insert(after[..end].to_owned());
+            rest = &after[end..];
+        }
+    }
+    assert!(known.contains("BERTH_ETCD") && known.contains("BERTH_NODE_SECRET_FILE"), "{known:?}");
+    known
+}
+
+/// Words of the form `BERTH_[A-Z_]+` followed by `=` or `:` (assignments and YAML keys) or
+/// an env `name: ` entry.
+fn berth_variables(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        let line = line.trim_start().trim_start_matches("- ").trim_start_matches("name: ");
+        if !line.starts_with("BERTH_") {
+            continue;
+        }
+        let name: String =
+            line.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
+        found.insert(name);
+    }
+    found
+}
+
+#[test]
+fn every_berth_variable_in_deploy_is_one_the_cli_reads() {
+    let known = cli_variables();
+    // Variables the deploy files define for their own use, not for berth.
+    let own: BTreeSet<&str> = [
+        "BERTH_CONTROL_PLANE_ARGS",
+        "BERTH_NODE_AGENT_ARGS",
+        "BERTH_SECRETS_DIR",
+        "BERTH_IMAGE",
+        "BERTH_NODE_PUBLISH",
+        "BERTH_PUBLISH_R1",
+        "BERTH_PUBLISH_R2",
+        "BERTH_PUBLISH_R3",
+        "BERTH_NODE_LEASE_TTL",
+        "BERTH_REPLICA_LEASE_TTL",
+        "BERTH_HEARTBEAT_INTERVAL",
+        "BERTH_BIND_TIMEOUT",
+    ]
+    .into();
+    let files = [
+        "deploy/kubernetes/40-control-plane.yaml",
+        "deploy/kubernetes/50-node-agent.yaml",
+        "deploy/compose/docker-compose.yml",
+        "deploy/systemd/control-plane.env",
+        "deploy/systemd/node-agent.env",
+    ];
+    let mut unknown = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap_or_else(|error| panic!("{file}: {error}"));
+        let used = berth_variables(&text);
+        assert!(!used.is_empty(), "{file} sets no BERTH_ variable");
+        for name in used {
+            if !known.contains(&name) && !own.contains(name.as_str()) {
+                unknown.push(format!("{file}: {name}"));
+            }
+        }
+    }
+    assert!(unknown.is_empty(), "variables berth does not read: {unknown:?}");
+}
+
+#[test]
+fn the_compose_file_has_three_etcd_members_three_replicas_and_a_scalable_node_service() {
+    let text = std::fs::read_to_string(repo_root().join("deploy/compose/docker-compose.yml")).expect("compose file");
+    let mut compose: serde_yaml::Value = serde_yaml::from_str(&text).expect("compose YAML");
+    // The replica and etcd services share their settings through YAML merge keys (`<<`).
+    compose.apply_merge().expect("merge keys");
+    let compose: Value = serde_json::to_value(compose).expect("compose as JSON");
+    let services = compose["services"].as_object().expect("services");
+    let names: BTreeSet<&str> = services.keys().map(String::as_str).collect();
+    let expected: BTreeSet<&str> = ["etcd1", "etcd2", "etcd3", "replica1", "replica2", "replica3", "node"].into();
+    assert_eq!(names, expected);
+    // A scalable service cannot pin a container name or hostname.
+    let node = &services["node"];
+    assert!(node.get("container_name").is_none() && node.get("hostname").is_none());
+    for (name, service) in services {
+        assert_eq!(service["networks"], serde_json::json!(["berth"]), "{name} is on the private network");
+    }
+}
