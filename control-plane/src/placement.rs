@@ -45,6 +45,7 @@ impl Placement {
             .collect();
         let eligible = |node: &NodeRecord| {
             !node.draining
+                && !view.is_draining(&node.node_id)
                 && (backend.is_empty() || node.backends.iter().any(|offered| offered == backend))
                 && selector.iter().all(|(key, value)| node.labels.get(*key).map(String::as_str) == Some(*value))
                 && (node.capacity_workspaces == 0 || node.load.workspaces < node.capacity_workspaces)

@@ -115,6 +115,21 @@ pub struct NodeRecord {
     pub agent_version: String,
 }
 
+/// `/berth/drains/<node_id>`: the node gets no new placements and its workspaces were
+/// released to be placed elsewhere. No lease: a drain outlives the node's lease, restarts
+/// of the node and of every replica, until an operator undrains the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    pub version: u32,
+    pub node_id: String,
+    /// Principal that drained the node.
+    pub drained_by: String,
+    pub drained_at_ms: i64,
+    /// Workspaces released by the drain (their data stays on the node until it is removed).
+    #[serde(default)]
+    pub released: Vec<String>,
+}
+
 /// `/berth/replicas/<id>`, attached to the replica's lease.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaRecord {

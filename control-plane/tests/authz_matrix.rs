@@ -76,6 +76,11 @@ enum Rpc {
     ShareWorkspace,
     UnshareWorkspace,
     ListNodes,
+    GetClusterStatus,
+    /// Of a node that does not exist: an admin learns NOT_FOUND, everyone else is refused
+    /// before the lookup (a real drain would change placement for the other cells).
+    DrainNode,
+    UndrainNode,
 }
 
 const O: Code = Code::Ok;
@@ -87,7 +92,7 @@ const U: Code = Code::Unauthenticated;
 /// Expected codes, columns in the order of [`COLUMNS`]:
 /// owner, other, svc→owner, svc→other, shared, admin, no token, bad token, expired JWT, JWT owner.
 #[rustfmt::skip]
-const MATRIX: [(Rpc, [Code; 10]); 18] = [
+const MATRIX: [(Rpc, [Code; 10]); 21] = [
     // An admin must name the user a session is for (user_id or x-berth-act-as).
     (Rpc::CreateSessionExplicit,    [O, N, O, N, O, I, U, U, U, O]),
     // user_id = "alice" in the body: only alice herself, a service acting for her and admins.
@@ -108,6 +113,9 @@ const MATRIX: [(Rpc, [Code; 10]); 18] = [
     (Rpc::ShareWorkspace,           [O, N, O, N, P, O, U, U, U, O]),
     (Rpc::UnshareWorkspace,         [O, N, O, N, P, O, U, U, U, O]),
     (Rpc::ListNodes,                [P, P, P, P, P, O, U, U, U, P]),
+    (Rpc::GetClusterStatus,         [P, P, P, P, P, O, U, U, U, P]),
+    (Rpc::DrainNode,                [P, P, P, P, P, N, U, U, U, P]),
+    (Rpc::UndrainNode,              [P, P, P, P, P, O, U, U, U, P]),
 ];
 
 struct Fixture {
@@ -211,6 +219,19 @@ async fn call(harness: &Harness, fixture: &Fixture, rpc: Rpc, who: Who, cell: us
             .await
             .map(drop),
         Rpc::ListNodes => harness.admin(creds(who)).list_nodes(v1::ListNodesRequest {}).await.map(drop),
+        Rpc::GetClusterStatus => {
+            harness.admin(creds(who)).get_cluster_status(v1::GetClusterStatusRequest {}).await.map(drop)
+        }
+        Rpc::DrainNode => harness
+            .admin(creds(who))
+            .drain_node(v1::DrainNodeRequest { node_id: "node-absent".into(), force: true })
+            .await
+            .map(drop),
+        Rpc::UndrainNode => harness
+            .admin(creds(who))
+            .undrain_node(v1::UndrainNodeRequest { node_id: "node-absent".into() })
+            .await
+            .map(drop),
     }
 }
 

@@ -33,6 +33,8 @@ pub struct ClusterConfig {
     pub isolation: &'static str,
     /// Extra flags for every node agent (e.g. `--debug-provision-delay 3s`).
     pub node_flags: Vec<String>,
+    /// Extra flags for every replica (e.g. `--otlp-endpoint URL`).
+    pub replica_flags: Vec<String>,
     /// `RUST_LOG` of every process.
     pub log_filter: String,
 }
@@ -50,6 +52,7 @@ impl ClusterConfig {
             bind_timeout: "30s",
             isolation: "per-agent",
             node_flags: Vec::new(),
+            replica_flags: Vec::new(),
             log_filter: DEFAULT_LOG_FILTER.to_owned(),
         }
     }
@@ -153,6 +156,7 @@ impl Cluster {
         ]
         .iter()
         .map(|arg| (*arg).to_owned())
+        .chain(config.replica_flags.iter().cloned())
         .collect()
     }
 

@@ -4,4 +4,5 @@
 pub mod berth;
 pub mod cluster;
 pub mod etcd;
+pub mod observe;
 pub mod process;
