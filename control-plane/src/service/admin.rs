@@ -203,7 +203,7 @@ impl AdminService for AdminApi {
             named.truncate(REFUSAL_LISTS_AT_MOST);
             return Err(Status::failed_precondition(format!(
                 "draining node {} would lose the data of {} workspace(s) (no snapshot store is configured; \
-                 they are re-placed empty on another node): {}{}; repeat with force to drain anyway",
+                 they are re-placed empty on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
                 message.node_id,
                 released.len(),
                 named.join(", "),
