@@ -110,7 +110,7 @@ pub fn status_text(status: &ClusterStatus, now: SystemTime) -> String {
             .align_right(5)
             .align_right(6);
     for node in &status.nodes {
-        let load = node.load.clone().unwrap_or_default();
+        let load = node.load.unwrap_or_default();
         nodes.push_row(vec![
             node.node_id.clone(),
             node_state_name(node.state),
