@@ -133,8 +133,15 @@ impl Binder {
                     let binder = Arc::clone(self);
                     let workspace_id = request.workspace_id.clone();
                     // Spawned: the bind finishes (and frees its lock) even if every caller
-                    // goes away.
-                    let task = tokio::spawn(async move { binder.bind(request).await });
+                    // goes away. Its span is a child of the first caller's, so the Provision
+                    // it sends to a node joins that caller's trace.
+                    let span = tracing::info_span!(
+                        "bind",
+                        ws_id = %workspace_id,
+                        replica_id = %self.config.replica_id,
+                    );
+                    let task =
+                        tokio::spawn(tracing::Instrument::instrument(async move { binder.bind(request).await }, span));
                     let shared = async move {
                         task.await.unwrap_or_else(|error| {
                             Err(ControlPlaneError::Internal(format!("bind task failed: {error}")))

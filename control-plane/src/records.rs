@@ -109,6 +109,8 @@ pub struct NodeRecord {
     /// Last access per workspace on this node (unix ms), from heartbeats; feeds the sweeper.
     #[serde(default)]
     pub last_access_ms: BTreeMap<String, i64>,
+    /// A copy of whether `/drains/<node_id>` exists, as of the last rewrite (for readers of
+    /// etcd). Placement and the admin API read the drain key through the view instead.
     #[serde(default)]
     pub draining: bool,
     #[serde(default)]

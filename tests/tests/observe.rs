@@ -1,7 +1,8 @@
 //! Observability with real processes: a replica and a node agent started with
 //! `--metrics-listen` and `--otlp-endpoint`. After CreateSession + Exec, both `/metrics`
 //! endpoints carry the documented series with sensible values, and the in-process OTLP
-//! collector holds spans of both processes for the one Exec, in one trace.
+//! collector holds spans of both processes for the one Exec, in one trace (and the
+//! Provision of the CreateSession in the CreateSession's trace).
 
 use std::time::Duration;
 
@@ -129,6 +130,18 @@ async fn metrics_and_one_trace_per_exec_across_replica_and_node_agent() {
         describe(&node_span)
     );
     assert!(replica_span.parent_span_id.is_empty(), "the client sent no trace context: the replica span is the root");
+
+    // The bind runs in a task of its own; its Provision still joins the CreateSession trace.
+    let provision_joined = spans.iter().any(|node_span| {
+        node_span.service == "berth-node-agent"
+            && node_span.attributes.get("rpc").is_some_and(|rpc| rpc.contains("NodeAgentService/Provision"))
+            && node_span.attributes.get("ws_id") == Some(&workspace_id)
+            && spans.iter().any(|span| {
+                span.trace_id == node_span.trace_id
+                    && span.attributes.get("rpc").is_some_and(|rpc| rpc.contains("WorkspaceService/CreateSession"))
+            })
+    });
+    assert!(provision_joined, "the node's Provision is not in the CreateSession trace");
     collector.stop();
 }
 

@@ -41,7 +41,8 @@ impl AdminApi {
     }
 
     fn node_info(&self, node: &NodeRecord) -> v1::NodeInfo {
-        let draining = node.draining || self.view.is_draining(&node.node_id);
+        // The drain key decides; the record's `draining` flag lags it by up to a refresh.
+        let draining = self.view.is_draining(&node.node_id);
         v1::NodeInfo {
             node_id: node.node_id.clone(),
             address: node.address.clone(),
