@@ -8,6 +8,10 @@
 //! on another node, exactly like a workspace whose node died, and the node then removes its
 //! superseded copy through the heartbeat reconciliation. There is no snapshot store yet, so
 //! that copy's data is lost: a drain of a node holding workspaces needs `force`.
+//!
+//! A bind that chose the node just before its replica saw the drain still records it there;
+//! every replica treats that workspace as LOST too, so it moves on its next access (it is
+//! brand new, so nothing is lost with it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
