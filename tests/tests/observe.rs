@@ -151,3 +151,23 @@ fn describe(span: &CollectedSpan) -> String {
         span.service, span.name, span.trace_id, span.span_id, span.parent_span_id, span.attributes
     )
 }
+
+/// `berth up` runs replica and node agent in one process: one `/metrics` shows both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn berth_up_serves_replica_and_node_agent_series_on_one_endpoint() {
+    let data_dir = tempfile::tempdir().expect("data dir");
+    let metrics_port = free_port().expect("port");
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let up = berth_tests::berth::start_up(data_dir.path(), &["--metrics-listen", &listen]).await.expect("berth up");
+    let session = up.create_session("alice", "all-in-one").await.expect("create session");
+    up.exec(&session.workspace_id, &["true"]).await.expect("exec");
+    let ready = |scraped: &Scrape| {
+        at_least(scraped, "berth_control_plane_binds_won_total", &[], 1.0)
+            && scraped.value("berth_control_plane_workspaces", &[("state", "ready")]) == Some(1.0)
+            && at_least(scraped, "berth_node_agent_exec_duration_seconds_count", &[("backend", "local")], 1.0)
+    };
+    let scraped = scrape_until(metrics_port, ready).await;
+    assert!(ready(&scraped), "berth up metrics incomplete:\n{}\n{}", scraped.text, up.log());
+    // The embedded registry is not etcd: no etcd series.
+    assert_eq!(scraped.value("berth_control_plane_etcd_call_duration_seconds_count", &[]), None);
+}
