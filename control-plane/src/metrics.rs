@@ -104,6 +104,8 @@ fn error_kind(error: &RegistryError) -> &'static str {
 pub(crate) async fn publish_view_gauges(view: Arc<ReplicaView>, min_interval: Duration, cancel: CancellationToken) {
     let mut workspaces_changed = view.workspaces.subscribe();
     let mut nodes_changed = view.nodes.subscribe();
+    // A drain turns the node's workspaces LOST without a workspace or node event.
+    let mut drains_changed = view.drains.subscribe();
     let mut published: Vec<(String, String)> = Vec::new();
     loop {
         published = set_view_gauges(&view, published);
@@ -111,6 +113,7 @@ pub(crate) async fn publish_view_gauges(view: Arc<ReplicaView>, min_interval: Du
             _ = cancel.cancelled() => return,
             _ = workspaces_changed.changed() => {}
             _ = nodes_changed.changed() => {}
+            _ = drains_changed.changed() => {}
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
         tokio::select! {
