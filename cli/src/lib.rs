@@ -11,6 +11,7 @@ pub mod commands;
 pub mod format;
 pub mod io;
 pub mod output;
+pub mod telemetry;
 
 use clap::{Parser, Subcommand};
 
@@ -75,9 +76,11 @@ pub enum Command {
     /// Show, list and close workspaces.
     #[command(subcommand)]
     Ws(commands::ws::WsCommand),
-    /// Inspect the node agents of the cluster.
+    /// Inspect, drain and undrain the node agents of the cluster.
     #[command(subcommand)]
     Nodes(commands::nodes::NodesCommand),
+    /// One screen for an operator: replicas, nodes, workspaces by state, registry health.
+    Status,
     /// Run control plane, node agent and an embedded registry in one process.
     Up(commands::server::UpArgs),
     /// Run one control-plane replica.
@@ -87,6 +90,16 @@ pub enum Command {
 }
 
 impl Command {
+    /// The observability flags and OTLP service name of a server command.
+    pub fn telemetry(&self) -> Option<(&telemetry::TelemetryFlags, &'static str)> {
+        match self {
+            Command::Up(args) => Some((&args.telemetry, "berth-up")),
+            Command::ControlPlane(args) => Some((&args.telemetry, "berth-control-plane")),
+            Command::NodeAgent(args) => Some((&args.telemetry, "berth-node-agent")),
+            _ => None,
+        }
+    }
+
     /// Log level used when `RUST_LOG` is unset: servers report what they do, client
     /// commands stay quiet so their stdout/stderr are only the command's output.
     pub fn default_log_level(&self) -> &'static str {
@@ -127,6 +140,7 @@ async fn dispatch(cli: Cli, io: &mut Io<'_>) -> anyhow::Result<i32> {
         Command::Mcp(command) => commands::mcp::run(command, &global, io).await,
         Command::Skills(command) => commands::skills::run(command, &global, io).await,
         Command::Nodes(command) => commands::nodes::run(command, &global, io).await,
+        Command::Status => commands::status::run(&global, io).await,
         Command::Up(args) => commands::server::up(args).await,
         Command::ControlPlane(args) => commands::server::control_plane(args).await,
         Command::NodeAgent(args) => commands::server::node_agent(args).await,

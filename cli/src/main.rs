@@ -5,12 +5,10 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     // Usage errors, --help and --version exit here (2 for usage errors, 0 otherwise).
     let cli = berth::Cli::parse();
-    init_tracing(cli.command.default_log_level());
     // ring is the one crypto provider of the tree (DEPENDENCIES.md); installed once, before
     // any TLS config is built. An error means one is installed already, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -19,23 +17,26 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return report(&anyhow::anyhow!("start async runtime: {error}")),
     };
-    match runtime.block_on(berth::run(cli)) {
+    // Inside the runtime: the OTLP exporter is a tonic client.
+    let otlp = cli.command.telemetry().and_then(|(flags, service)| Some((flags.otlp_endpoint.clone()?, service)));
+    let tracer_provider = {
+        let _entered = runtime.enter();
+        let otlp = otlp.as_ref().map(|(endpoint, service)| (endpoint.as_str(), *service));
+        match berth::telemetry::init_tracing(cli.command.default_log_level(), otlp, std::io::stderr().is_terminal()) {
+            Ok(provider) => provider,
+            Err(error) => return report(&error),
+        }
+    };
+    let outcome = runtime.block_on(berth::run(cli));
+    // The runtime's workers still run: the exporter's last batch goes out over them.
+    if let Some(provider) = tracer_provider {
+        berth::telemetry::flush_traces(provider);
+    }
+    match outcome {
         Ok(code) => exit_code(code),
         Err(error) if berth::io::is_stdout_closed(&error) => exit_code(berth::io::EXIT_STDOUT_CLOSED),
         Err(error) => report(&error),
     }
-}
-
-/// Logs go to stderr so stdout carries only command output; colours only on a terminal.
-/// `RUST_LOG` overrides the default level.
-fn init_tracing(default_level: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    // try_init: a subscriber that cannot be installed is no reason to fail the command.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
 }
 
 /// Exit statuses are one byte; commands map theirs into range, so anything else is a bug

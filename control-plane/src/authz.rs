@@ -69,8 +69,9 @@ impl Caller {
         &self.0.principal
     }
 
-    /// Records the workspace this call is about (for the audit line).
+    /// Records the workspace this call is about (for the audit line and the request span).
     pub fn note_workspace(&self, workspace_id: &str) {
+        berth_proto::trace::record_workspace(workspace_id);
         *self.0.workspace.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(workspace_id.to_owned());
     }
 

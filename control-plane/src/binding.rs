@@ -25,6 +25,7 @@ use crate::config::ControlPlaneConfig;
 use crate::error::{ControlPlaneError, Result};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
+use crate::metrics;
 use crate::node_client::{NodeClients, node_request};
 use crate::placement::Placement;
 use crate::policy::IsolationPolicy;
@@ -132,8 +133,15 @@ impl Binder {
                     let binder = Arc::clone(self);
                     let workspace_id = request.workspace_id.clone();
                     // Spawned: the bind finishes (and frees its lock) even if every caller
-                    // goes away.
-                    let task = tokio::spawn(async move { binder.bind(request).await });
+                    // goes away. Its span is a child of the first caller's, so the Provision
+                    // it sends to a node joins that caller's trace.
+                    let span = tracing::info_span!(
+                        "bind",
+                        ws_id = %workspace_id,
+                        replica_id = %self.config.replica_id,
+                    );
+                    let task =
+                        tokio::spawn(tracing::Instrument::instrument(async move { binder.bind(request).await }, span));
                     let shared = async move {
                         task.await.unwrap_or_else(|error| {
                             Err(ControlPlaneError::Internal(format!("bind task failed: {error}")))
@@ -152,6 +160,7 @@ impl Binder {
     async fn bind(self: Arc<Self>, request: BindRequest) -> Result<Arc<WorkspaceRecord>> {
         use std::sync::atomic::Ordering::Relaxed;
         self.stats.started.fetch_add(1, Relaxed);
+        metrics::bind_started();
         let deadline = Instant::now() + self.config.bind_timeout;
         let outcome = match tokio::time::timeout_at(deadline, self.bind_until_done(&request, deadline)).await {
             Ok(outcome) => outcome,
@@ -169,6 +178,9 @@ impl Binder {
         let workspace_id = &request.workspace_id;
         let lock_key = self.keys.lock(workspace_id);
         let mut backoff = Duration::from_millis(20);
+        // Set when a holder we waited for let go of the lock without a result (it died or
+        // stalled): winning the lock afterwards is a take-over.
+        let mut holder_vanished = false;
         loop {
             let current = match self.observe(workspace_id, request.replace_generation).await? {
                 Observed::Ready(record) => return Ok(record),
@@ -180,6 +192,10 @@ impl Binder {
             match self.acquire_lock(workspace_id).await? {
                 Ok(fence) => {
                     self.stats.won.fetch_add(1, Relaxed);
+                    metrics::bind_won();
+                    if holder_vanished {
+                        metrics::bind_taken_over();
+                    }
                     // Provision under the lock, then free it whatever happened (the record
                     // write already deletes it on success).
                     let outcome = tokio::time::timeout_at(deadline, self.bind_under_lock(request, fence)).await;
@@ -197,11 +213,15 @@ impl Binder {
                 }
                 Err(lock) => {
                     self.stats.waited.fetch_add(1, Relaxed);
+                    metrics::bind_waited();
                     match self.wait_for_holder(workspace_id, &lock).await? {
                         WaitOutcome::Record(record) => match record.state {
                             StoredState::Ready
                                 if Some(record.generation) != request.replace_generation
-                                    && record.node_id.as_deref().is_some_and(|node| self.view.node_is_live(node)) =>
+                                    && record
+                                        .node_id
+                                        .as_deref()
+                                        .is_some_and(|node| self.view.node_holds_workspaces(node)) =>
                             {
                                 return Ok(Arc::from(record));
                             }
@@ -213,7 +233,7 @@ impl Binder {
                             }
                             _ => {}
                         },
-                        WaitOutcome::LockReleased => {}
+                        WaitOutcome::LockReleased => holder_vanished = true,
                     }
                     // Compete again, with a little jitter so released waiters do not stampede.
                     if Instant::now() + backoff >= deadline {
@@ -234,7 +254,7 @@ impl Binder {
             Some((record, _)) => {
                 let usable = record.state == StoredState::Ready
                     && Some(record.generation) != replace_generation
-                    && record.node_id.as_deref().is_some_and(|node| self.view.node_is_live(node));
+                    && record.node_id.as_deref().is_some_and(|node| self.view.node_holds_workspaces(node));
                 if usable {
                     Ok(Observed::Ready(Arc::new(record)))
                 } else {
@@ -369,7 +389,15 @@ impl Binder {
             spec: Some(berth_proto::convert::spec_to_proto(&record.spec)),
         };
         let request = node_request(message, generation, self.config.provision_timeout);
-        match client.provision(request).await {
+        let started = std::time::Instant::now();
+        let outcome = client.provision(request).await;
+        let backend_label = match &outcome {
+            Ok(response) => response.get_ref().backend.as_str(),
+            Err(_) if record.backend.is_empty() => "default",
+            Err(_) => record.backend.as_str(),
+        };
+        metrics::provision_done(backend_label, outcome.is_ok(), started.elapsed());
+        match outcome {
             Ok(response) => Ok(response.into_inner().backend),
             Err(status) => Err(ControlPlaneError::ProvisionFailed {
                 workspace_id: record.id.to_string(),

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::ControlPlaneConfig;
 use crate::keys::Keys;
+use crate::metrics;
 use crate::records::{self, NodeLoadRecord, NodeRecord, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
 use crate::registry::{LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
 use crate::view::ReplicaView;
@@ -78,9 +79,11 @@ impl NodeService for HeartbeatService {
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let node_id = session.record.node_id.clone();
+            metrics::heartbeat_streams(1.0);
             if let Err(error) = session.serve(&mut inbound, &sender, shutdown).await {
                 tracing::info!(node_id = %node_id, %error, "heartbeat stream ended");
             }
+            metrics::heartbeat_streams(-1.0);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
@@ -144,7 +147,7 @@ impl NodeSession {
             last_heartbeat_ms: now_ms(),
             load: NodeLoadRecord::default(),
             last_access_ms: BTreeMap::new(),
-            draining: service.view.node(&register.node_id).is_some_and(|record| record.draining),
+            draining: service.view.is_draining(&register.node_id),
             agent_version: register.version,
         };
         let mut session = Self {
@@ -181,6 +184,7 @@ impl NodeSession {
         sender: &mpsc::Sender<Result<ControlMessage, Status>>,
         shutdown: CancellationToken,
     ) -> Result<(), Status> {
+        let mut last_report = Instant::now();
         loop {
             let message = tokio::select! {
                 // On shutdown the stream just ends; the node reconnects to another replica and
@@ -191,6 +195,8 @@ impl NodeSession {
             let Some(NodeMessage { msg: Some(NodeMsg::Report(report)) }) = message else {
                 return Ok(());
             };
+            metrics::heartbeat_gap(last_report.elapsed());
+            last_report = Instant::now();
             match self.registry.keep_alive(self.lease).await {
                 Ok(_) => {}
                 Err(RegistryError::LeaseNotFound(_)) => {
@@ -241,10 +247,9 @@ impl NodeSession {
         }
         self.record.last_access_ms =
             report.workspaces.into_iter().map(|local| (local.workspace_id, local.last_access_unix_ms)).collect();
-        // A drain flag set by an operator through another replica must survive our rewrites.
-        if let Some(current) = self.view.node(&self.record.node_id) {
-            self.record.draining = current.draining;
-        }
+        // The drain itself lives in its own key (`/drains/<node>`, no lease); the flag here
+        // only shows it in the node record.
+        self.record.draining = self.view.is_draining(&self.record.node_id);
     }
 
     /// Local copies that a newer placement has superseded: the node should remove them. A

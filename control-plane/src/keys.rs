@@ -34,6 +34,13 @@ impl Keys {
     pub fn node(&self, id: &str) -> String {
         format!("{}/nodes/{}", self.prefix, id)
     }
+    pub fn drains_prefix(&self) -> String {
+        format!("{}/drains/", self.prefix)
+    }
+    /// A node's drain: present (no lease) from `nodes drain` until `nodes undrain`.
+    pub fn drain(&self, node_id: &str) -> String {
+        format!("{}/drains/{}", self.prefix, node_id)
+    }
     pub fn replicas_prefix(&self) -> String {
         format!("{}/replicas/", self.prefix)
     }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod heartbeat;
 pub mod keys;
 pub mod lease;
+pub mod metrics;
 pub mod node_client;
 pub mod placement;
 pub mod policy;

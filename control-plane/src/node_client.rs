@@ -14,12 +14,27 @@ use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-pub type NodeAgentClient = NodeAgentServiceClient<InterceptedService<Channel, BearerInterceptor>>;
+pub type NodeAgentClient = NodeAgentServiceClient<InterceptedService<Channel, NodeInterceptor>>;
+
+/// Adds what every node call carries: the node credential and the caller's trace context
+/// (so the node's request span joins the replica's trace).
+#[derive(Clone, Default)]
+pub struct NodeInterceptor {
+    credential: BearerInterceptor,
+}
+
+impl tonic::service::Interceptor for NodeInterceptor {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let mut request = self.credential.call(request)?;
+        berth_proto::trace::inject(request.metadata_mut());
+        Ok(request)
+    }
+}
 
 /// Channels to node agents keyed by address; a channel reconnects by itself.
 pub struct NodeClients {
     channels: Mutex<HashMap<String, NodeAgentClient>>,
-    credential: BearerInterceptor,
+    credential: NodeInterceptor,
     tls: Option<ClientTlsConfig>,
 }
 
@@ -27,12 +42,16 @@ impl NodeClients {
     /// `secret` is sent on every call; `tls` is used for `https://` addresses.
     pub fn new(secret: Option<Secret>, tls: Option<ClientTls>) -> Result<Self, String> {
         let tls = tls.map(|tls| tls.config()).transpose().map_err(|error| format!("node tls: {error}"))?;
-        Ok(Self { channels: Mutex::new(HashMap::new()), credential: BearerInterceptor::new(secret.as_ref()), tls })
+        Ok(Self {
+            channels: Mutex::new(HashMap::new()),
+            credential: NodeInterceptor { credential: BearerInterceptor::new(secret.as_ref()) },
+            tls,
+        })
     }
 
     /// No credentials, no TLS (loopback tests).
     pub fn insecure() -> Self {
-        Self { channels: Mutex::new(HashMap::new()), credential: BearerInterceptor::default(), tls: None }
+        Self { channels: Mutex::new(HashMap::new()), credential: NodeInterceptor::default(), tls: None }
     }
 
     /// A client for the node at `address` (`http://host:port` or `https://host:port`).

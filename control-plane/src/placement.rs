@@ -44,7 +44,9 @@ impl Placement {
             .filter_map(|(key, value)| key.strip_prefix(NODE_SELECTOR_PREFIX).map(|key| (key, value.as_str())))
             .collect();
         let eligible = |node: &NodeRecord| {
-            !node.draining
+            // The drain key, not the node record's `draining` copy of it: the record is
+            // rewritten only every few seconds, and an undrain must take effect at once.
+            !view.is_draining(&node.node_id)
                 && (backend.is_empty() || node.backends.iter().any(|offered| offered == backend))
                 && selector.iter().all(|(key, value)| node.labels.get(*key).map(String::as_str) == Some(*value))
                 && (node.capacity_workspaces == 0 || node.load.workspaces < node.capacity_workspaces)
@@ -106,4 +108,70 @@ fn rendezvous(workspace_id: &str, node_id: &str) -> [u8; 8] {
     let mut prefix = [0u8; 8];
     prefix.copy_from_slice(&digest[..8]);
     prefix
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::keys::Keys;
+    use crate::records::{self, DrainRecord, NodeLoadRecord, RECORD_VERSION};
+    use crate::registry::RegistryRef;
+    use crate::registry::embedded::EmbeddedRegistry;
+
+    fn node(node_id: &str, workspaces: u32) -> NodeRecord {
+        NodeRecord {
+            version: RECORD_VERSION,
+            node_id: node_id.into(),
+            address: format!("http://{node_id}:7071"),
+            backends: vec!["local".into()],
+            default_backend: "local".into(),
+            labels: BTreeMap::new(),
+            capacity_workspaces: 0,
+            lease_id: 0,
+            node_generation: 1,
+            replica_id: "r".into(),
+            last_heartbeat_ms: 0,
+            load: NodeLoadRecord { workspaces, ..NodeLoadRecord::default() },
+            last_access_ms: BTreeMap::new(),
+            draining: false,
+            agent_version: String::new(),
+        }
+    }
+
+    /// A drained node is skipped even when it is the least loaded and holds the workspace's
+    /// data; once undrained it is preferred again. Views are started after each change so
+    /// they reflect it from their listing.
+    #[tokio::test]
+    async fn drained_nodes_get_no_placements_until_undrained() {
+        let registry: RegistryRef = EmbeddedRegistry::new();
+        let keys = Keys::new("/placement-test");
+        registry.put(&keys.node("node-a"), records::encode(&node("node-a", 0))).await.unwrap();
+        registry.put(&keys.node("node-b"), records::encode(&node("node-b", 5))).await.unwrap();
+        let drain = DrainRecord {
+            version: RECORD_VERSION,
+            node_id: "node-a".into(),
+            drained_by: "admin".into(),
+            drained_at_ms: 0,
+            released: Vec::new(),
+        };
+        registry.put(&keys.drain("node-a"), records::encode(&drain)).await.unwrap();
+        let cancel = CancellationToken::new();
+        let placement = Placement::new();
+
+        let view = ReplicaView::start(Arc::clone(&registry), &keys, cancel.clone()).await.unwrap();
+        assert!(view.is_draining("node-a") && !view.node_holds_workspaces("node-a"));
+        let chosen = placement.choose(&view, "ws-1", "local", &BTreeMap::new(), Some("node-a")).unwrap();
+        assert_eq!(chosen.node_id, "node-b");
+
+        registry.delete(&keys.drain("node-a")).await.unwrap();
+        let view = ReplicaView::start(Arc::clone(&registry), &keys, cancel.clone()).await.unwrap();
+        assert!(view.node_holds_workspaces("node-a"));
+        let chosen = placement.choose(&view, "ws-1", "local", &BTreeMap::new(), Some("node-a")).unwrap();
+        assert_eq!(chosen.node_id, "node-a");
+        cancel.cancel();
+    }
 }

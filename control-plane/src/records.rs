@@ -109,10 +109,27 @@ pub struct NodeRecord {
     /// Last access per workspace on this node (unix ms), from heartbeats; feeds the sweeper.
     #[serde(default)]
     pub last_access_ms: BTreeMap<String, i64>,
+    /// A copy of whether `/drains/<node_id>` exists, as of the last rewrite (for readers of
+    /// etcd). Placement and the admin API read the drain key through the view instead.
     #[serde(default)]
     pub draining: bool,
     #[serde(default)]
     pub agent_version: String,
+}
+
+/// `/berth/drains/<node_id>`: the node gets no new placements and its workspaces were
+/// released to be placed elsewhere. No lease: a drain outlives the node's lease, restarts
+/// of the node and of every replica, until an operator undrains the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    pub version: u32,
+    pub node_id: String,
+    /// Principal that drained the node.
+    pub drained_by: String,
+    pub drained_at_ms: i64,
+    /// Workspaces released by the drain (their data stays on the node until it is removed).
+    #[serde(default)]
+    pub released: Vec<String>,
 }
 
 /// `/berth/replicas/<id>`, attached to the replica's lease.

@@ -63,6 +63,8 @@ pub async fn serve(
     )
     .await?;
     let view = ReplicaView::start(Arc::clone(&registry), &keys, tasks.clone()).await?;
+    crate::metrics::describe();
+    tokio::spawn(crate::metrics::publish_view_gauges(Arc::clone(&view), Duration::from_millis(500), tasks.clone()));
     if let Authenticator::Tokens(store) = &authenticator {
         store.reload_on_sighup(tasks.clone());
     }
@@ -94,9 +96,14 @@ pub async fn serve(
     let workspace_api = WorkspaceServiceServer::new(WorkspaceApi::new(router))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
-    let admin_api = AdminServiceServer::new(AdminApi::new(Arc::clone(&view)))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+    let admin_api = AdminServiceServer::new(AdminApi::new(
+        Arc::clone(&view),
+        Arc::clone(&registry),
+        keys.clone(),
+        config.replica_id.clone(),
+    ))
+    .max_decoding_message_size(config.max_message_bytes)
+    .max_encoding_message_size(config.max_message_bytes);
     let heartbeat =
         HeartbeatService::new(Arc::clone(&registry), keys, Arc::clone(&view), config.clone(), shutdown.clone());
     tracing::info!(
@@ -116,7 +123,24 @@ pub async fn serve(
         builder = builder.tls_config(tls).map_err(|error| ServeError::Config(format!("tls: {error}")))?;
     }
     // Every service below sits behind the auth layer: a service added later is covered.
+    let replica_id = config.replica_id.clone();
     let served = builder
+        // One span per request, child of the caller's trace context if it sent one; `ws_id`
+        // is recorded by `Access::workspace` once the handler knows it.
+        .trace_fn(move |request| {
+            // Probes would bury the traces operators look for.
+            if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+                return tracing::Span::none();
+            }
+            let span = tracing::info_span!(
+                "grpc",
+                rpc = %request.uri().path(),
+                replica_id = %replica_id,
+                ws_id = tracing::field::Empty,
+            );
+            berth_proto::trace::set_remote_parent(&span, request.headers());
+            span
+        })
         .layer(AuthLayer::new(authenticator, config.node_secret.clone()))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

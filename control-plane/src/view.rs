@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::keys::Keys;
-use crate::records::{self, NodeRecord, StoredState, WorkspaceRecord};
+use crate::records::{self, DrainRecord, NodeRecord, StoredState, WorkspaceRecord};
 use crate::registry::{KeyValue, RegistryRef, WatchEvent};
 
 /// Keys listed per registry call while (re)listing.
@@ -217,15 +217,16 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
 pub enum EffectiveState {
     Ready,
     Idle,
-    /// Stored as ready, but its node is gone.
+    /// Stored as ready, but its node is gone or drained.
     Lost,
     Failed,
 }
 
-/// The replica's view: workspaces and nodes.
+/// The replica's view: workspaces, nodes and node drains.
 pub struct ReplicaView {
     pub workspaces: Arc<Mirror<WorkspaceRecord>>,
     pub nodes: Arc<Mirror<NodeRecord>>,
+    pub drains: Arc<Mirror<DrainRecord>>,
 }
 
 impl ReplicaView {
@@ -238,11 +239,14 @@ impl ReplicaView {
     ) -> crate::registry::Result<Arc<Self>> {
         let workspaces = Arc::new(Mirror::new(keys.workspaces_prefix()));
         let nodes = Arc::new(Mirror::new(keys.nodes_prefix()));
+        let drains = Arc::new(Mirror::new(keys.drains_prefix()));
         let workspaces_from = workspaces.relist(&registry).await? + 1;
         let nodes_from = nodes.relist(&registry).await? + 1;
+        let drains_from = drains.relist(&registry).await? + 1;
         tokio::spawn(Arc::clone(&workspaces).run(Arc::clone(&registry), workspaces_from, cancel.clone()));
-        tokio::spawn(Arc::clone(&nodes).run(registry, nodes_from, cancel));
-        Ok(Arc::new(Self { workspaces, nodes }))
+        tokio::spawn(Arc::clone(&nodes).run(Arc::clone(&registry), nodes_from, cancel.clone()));
+        tokio::spawn(Arc::clone(&drains).run(registry, drains_from, cancel));
+        Ok(Arc::new(Self { workspaces, nodes, drains }))
     }
 
     pub fn workspace(&self, id: &str) -> Option<Entry<WorkspaceRecord>> {
@@ -257,6 +261,17 @@ impl ReplicaView {
         self.nodes.get(id).is_some()
     }
 
+    /// Whether workspaces placed on the node may be served there: it is live and not
+    /// drained. A READY workspace on any other node is LOST and is re-placed on next access.
+    pub fn node_holds_workspaces(&self, id: &str) -> bool {
+        self.node_is_live(id) && !self.is_draining(id)
+    }
+
+    /// Whether an operator drained the node (it may be live or not).
+    pub fn is_draining(&self, node_id: &str) -> bool {
+        self.drains.get(node_id).is_some()
+    }
+
     pub fn live_nodes(&self) -> Vec<Arc<NodeRecord>> {
         self.nodes.all().into_iter().map(|entry| entry.record).collect()
     }
@@ -264,7 +279,7 @@ impl ReplicaView {
     pub fn effective_state(&self, record: &WorkspaceRecord) -> EffectiveState {
         match record.state {
             StoredState::Ready => match &record.node_id {
-                Some(node) if self.node_is_live(node) => EffectiveState::Ready,
+                Some(node) if self.node_holds_workspaces(node) => EffectiveState::Ready,
                 _ => EffectiveState::Lost,
             },
             StoredState::Idle => EffectiveState::Idle,

@@ -90,6 +90,11 @@ enum Rpc {
     OffloadToolResult,
     UploadTree,
     DownloadTree,
+    GetClusterStatus,
+    /// Of a node that does not exist: an admin learns NOT_FOUND, everyone else is refused
+    /// before the lookup (a real drain would change placement for the other cells).
+    DrainNode,
+    UndrainNode,
 }
 
 const O: Code = Code::Ok;
@@ -101,7 +106,7 @@ const U: Code = Code::Unauthenticated;
 /// Expected codes, columns in the order of [`COLUMNS`]:
 /// owner, other, svc→owner, svc→other, shared, admin, no token, bad token, expired JWT, JWT owner.
 #[rustfmt::skip]
-const MATRIX: [(Rpc, [Code; 10]); 31] = [
+const MATRIX: [(Rpc, [Code; 10]); 34] = [
     // An admin must name the user a session is for (user_id or x-berth-act-as).
     (Rpc::CreateSessionExplicit,    [O, N, O, N, O, I, U, U, U, O]),
     // user_id = "alice" in the body: only alice herself, a service acting for her and admins.
@@ -136,6 +141,9 @@ const MATRIX: [(Rpc, [Code; 10]); 31] = [
     (Rpc::OffloadToolResult,        [O, N, O, N, O, O, U, U, U, O]),
     (Rpc::UploadTree,               [O, N, O, N, O, O, U, U, U, O]),
     (Rpc::DownloadTree,             [O, N, O, N, O, O, U, U, U, O]),
+    (Rpc::GetClusterStatus,         [P, P, P, P, P, O, U, U, U, P]),
+    (Rpc::DrainNode,                [P, P, P, P, P, N, U, U, U, P]),
+    (Rpc::UndrainNode,              [P, P, P, P, P, O, U, U, U, P]),
 ];
 
 struct Fixture {
@@ -274,6 +282,19 @@ async fn call(harness: &Harness, fixture: &Fixture, rpc: Rpc, who: Who, cell: us
             .await
             .map(drop),
         Rpc::ListNodes => harness.admin(creds(who)).list_nodes(v1::ListNodesRequest {}).await.map(drop),
+        Rpc::GetClusterStatus => {
+            harness.admin(creds(who)).get_cluster_status(v1::GetClusterStatusRequest {}).await.map(drop)
+        }
+        Rpc::DrainNode => harness
+            .admin(creds(who))
+            .drain_node(v1::DrainNodeRequest { node_id: "node-absent".into(), force: true })
+            .await
+            .map(drop),
+        Rpc::UndrainNode => harness
+            .admin(creds(who))
+            .undrain_node(v1::UndrainNodeRequest { node_id: "node-absent".into() })
+            .await
+            .map(drop),
         _ => contract_call(harness, fixture, rpc, who, cell).await,
     }
 }

@@ -225,6 +225,7 @@ impl Heartbeater {
             load_avg_1m: load_average(),
             mem_available_bytes: mem_available(),
         };
+        crate::metrics::node_state(entries.len(), self.fence.is_fenced());
         v1::HeartbeatReport {
             seq,
             load: Some(load),

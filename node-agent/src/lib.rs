@@ -9,6 +9,7 @@ pub mod contract;
 pub mod drivers;
 pub mod fence;
 pub mod heartbeat;
+pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod state;

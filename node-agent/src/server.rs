@@ -46,6 +46,7 @@ pub async fn serve(
         let scheme = if config.tls.is_some() { "https" } else { "http" };
         config.advertise_address = format!("{scheme}://{local_address}");
     }
+    crate::metrics::describe();
     let drivers = crate::drivers::build(&config).await?;
     let workspaces = Arc::new(Workspaces::new(
         config.data_dir.clone(),
@@ -93,7 +94,24 @@ pub async fn serve(
         let tls = berth_proto::tls::server_config(tls, config.client_ca.as_deref()).map_err(ServeError::Config)?;
         builder = builder.tls_config(tls).map_err(|error| ServeError::Config(format!("tls: {error}")))?;
     }
+    let node_id = config.node_id.clone();
     let served = builder
+        // One span per request, a child of the replica's span when the call carries its trace
+        // context (`traceparent`), so one client call is one trace.
+        .trace_fn(move |request| {
+            // Probes would bury the traces operators look for.
+            if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+                return tracing::Span::none();
+            }
+            let span = tracing::info_span!(
+                "grpc",
+                rpc = %request.uri().path(),
+                node_id = %node_id,
+                ws_id = tracing::field::Empty,
+            );
+            berth_proto::trace::set_remote_parent(&span, request.headers());
+            span
+        })
         .layer(NodeAuthLayer::new(config.node_secret.clone()))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::contract::{Contract, first_message};
 use crate::fence::Fence;
+use crate::metrics;
 use crate::state::{Entry, Workspaces};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -102,6 +103,7 @@ impl NodeAgentApi {
     fn backend<T>(&self, request: &Request<T>, id: &str) -> Result<(Arc<Entry>, BackendRef), Status> {
         self.check_serving()?;
         let id = workspace_id(id)?;
+        berth_proto::trace::record_workspace(id.as_str());
         let expected = request
             .metadata()
             .get(meta::GENERATION)
@@ -151,6 +153,7 @@ impl NodeAgentService for NodeAgentApi {
         self.check_serving()?;
         let request = request.into_inner();
         let id = workspace_id(&request.workspace_id)?;
+        berth_proto::trace::record_workspace(id.as_str());
         let spec = spec_from_proto(request.spec);
         spec.validate().map_err(status)?;
         tracing::debug!(ws_id = %id, generation = request.generation, "provisioning");
@@ -160,13 +163,17 @@ impl NodeAgentService for NodeAgentApi {
         // heartbeat reconciliation.
         let workspaces = Arc::clone(&self.workspaces);
         let task_id = id.clone();
+        let asked_backend = if request.backend.is_empty() { "default".to_owned() } else { request.backend.clone() };
+        let started = std::time::Instant::now();
         let provisioned =
             tokio::spawn(
                 async move { workspaces.provision(&task_id, request.generation, &request.backend, &spec).await },
             )
             .await
-            .map_err(|error| Status::internal(format!("provision task failed: {error}")))?
-            .map_err(status)?;
+            .map_err(|error| Status::internal(format!("provision task failed: {error}")))?;
+        let backend_label = provisioned.as_ref().map(|done| done.backend.as_str()).unwrap_or(&asked_backend);
+        metrics::provision_done(backend_label, provisioned.is_ok(), started.elapsed());
+        let provisioned = provisioned.map_err(status)?;
         tracing::info!(ws_id = %id, generation = request.generation, backend = %provisioned.backend, created = provisioned.created, "provisioned");
         Ok(Response::new(v1::ProvisionResponse { created: provisioned.created, backend: provisioned.backend }))
     }
@@ -197,8 +204,10 @@ impl NodeAgentService for NodeAgentApi {
         let (entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
         let spec = exec_spec_from_proto(request.get_ref()).map_err(status)?;
         let _in_flight = InFlight::start(&entry, self.max_execs_per_workspace)?;
-        let output = backend.exec(&spec).await.map_err(status)?;
-        Ok(Response::new(exec_output_to_proto(output)))
+        let started = std::time::Instant::now();
+        let output = backend.exec(&spec).await;
+        metrics::exec_done(&entry.backend_name, output.is_ok(), started.elapsed());
+        Ok(Response::new(exec_output_to_proto(output.map_err(status)?)))
     }
 
     type ExecStreamStream = BoxStream<v1::ExecChunk>;
@@ -207,10 +216,17 @@ impl NodeAgentService for NodeAgentApi {
         let (entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
         let spec = exec_spec_from_proto(request.get_ref()).map_err(status)?;
         let in_flight = InFlight::start(&entry, self.max_execs_per_workspace)?;
+        let timer = ExecTimer { backend: entry.backend_name.clone(), started: std::time::Instant::now(), ok: true };
         let events = backend.exec_stream(&spec).await.map_err(status)?;
-        // The guard lives as long as the stream; dropping the stream kills the process.
+        // The guard lives as long as the stream; dropping the stream kills the process. The
+        // timer records when the stream is dropped: finished, failed or abandoned.
+        let mut timer = timer;
         let stream = events.map(move |event| {
             let _keep = &in_flight;
+            // Borrowing the whole timer moves it into the closure (a field alone would be
+            // captured by copy, and the timer dropped right here).
+            let timer = &mut timer;
+            timer.ok &= event.is_ok();
             event.map(exec_event_to_proto).map_err(status)
         });
         Ok(Response::new(Box::pin(stream)))
@@ -434,4 +450,17 @@ fn split(mut data: Bytes, size: usize) -> Vec<Bytes> {
         pieces.push(data);
     }
     pieces
+}
+
+/// Records a streamed exec's duration when its stream is dropped.
+struct ExecTimer {
+    backend: String,
+    started: std::time::Instant,
+    ok: bool,
+}
+
+impl Drop for ExecTimer {
+    fn drop(&mut self) {
+        metrics::exec_done(&self.backend, self.ok, self.started.elapsed());
+    }
 }

@@ -14,6 +14,7 @@ pub mod contract;
 pub mod convert;
 pub mod meta;
 pub mod tls;
+pub mod trace;
 
 /// Encoded file descriptor set, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("berth_descriptor");

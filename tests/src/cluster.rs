@@ -33,6 +33,11 @@ pub struct ClusterConfig {
     pub isolation: &'static str,
     /// Extra flags for every node agent (e.g. `--debug-provision-delay 3s`).
     pub node_flags: Vec<String>,
+    /// Extra flags for every replica (e.g. `--otlp-endpoint URL`).
+    pub replica_flags: Vec<String>,
+    /// Start every replica with `--metrics-listen` on a port of its own
+    /// ([`Replica::metrics_port`]).
+    pub replica_metrics: bool,
     /// `RUST_LOG` of every process.
     pub log_filter: String,
 }
@@ -50,6 +55,8 @@ impl ClusterConfig {
             bind_timeout: "30s",
             isolation: "per-agent",
             node_flags: Vec::new(),
+            replica_flags: Vec::new(),
+            replica_metrics: false,
             log_filter: DEFAULT_LOG_FILTER.to_owned(),
         }
     }
@@ -65,6 +72,8 @@ impl ClusterConfig {
 pub struct Replica {
     pub id: String,
     pub server: BerthProcess,
+    /// Where it serves `/metrics` ([`ClusterConfig::replica_metrics`]).
+    pub metrics_port: Option<u16>,
 }
 
 /// A node agent process; its data directory outlives the process (restarts keep data).
@@ -153,18 +162,20 @@ impl Cluster {
         ]
         .iter()
         .map(|arg| (*arg).to_owned())
+        .chain(config.replica_flags.iter().cloned())
         .collect()
     }
 
     async fn spawn_replica(&self, index: usize) -> anyhow::Result<Replica> {
-        let server = BerthProcess::start_with_log(
-            &format!("replica-{index}"),
-            self.replica_args(index),
-            &self.config.log_filter,
-        )
-        .await
-        .with_context(|| format!("replica {index}"))?;
-        Ok(Replica { id: format!("replica-{index}"), server })
+        let mut args = self.replica_args(index);
+        let metrics_port = if self.config.replica_metrics { Some(crate::process::free_port()?) } else { None };
+        if let Some(port) = metrics_port {
+            args.extend(["--metrics-listen".to_owned(), format!("127.0.0.1:{port}")]);
+        }
+        let server = BerthProcess::start_with_log(&format!("replica-{index}"), args, &self.config.log_filter)
+            .await
+            .with_context(|| format!("replica {index}"))?;
+        Ok(Replica { id: format!("replica-{index}"), server, metrics_port })
     }
 
     /// Starts (or restarts) node `index` with its persistent data directory.

@@ -237,9 +237,10 @@ pub struct MemberStatus {
     pub leader_id: String,
 }
 
-/// A minimal HTTP/1.1 exchange with etcd's client port (which also speaks HTTP/JSON), so
-/// the harness needs no async runtime and works inside any test.
-fn http_request(port: u16, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
+/// A minimal HTTP/1.1 exchange with etcd's client port (which also speaks HTTP/JSON) or a
+/// Berth `/metrics` endpoint, so the harness needs no async runtime and works inside any
+/// test.
+pub fn http_request(port: u16, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
     let address = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;

@@ -5,4 +5,5 @@ pub mod berth;
 pub mod cluster;
 pub mod compose;
 pub mod etcd;
+pub mod observe;
 pub mod process;

@@ -114,6 +114,7 @@ async fn killing_the_lock_holder_mid_provision_still_binds_one_workspace() {
     const REPLICA_LEASE_TTL: Duration = Duration::from_secs(3);
     let mut config = ClusterConfig::on_shared_etcd(3, 2);
     config.node_flags = vec!["--debug-provision-delay".into(), "3s".into()];
+    config.replica_metrics = true;
     let cluster = Cluster::start(config).await.expect("cluster");
     let registry = cluster.registry().await;
     let workspace_id = berth_control_plane::assign_workspace_id(
@@ -168,6 +169,12 @@ async fn killing_the_lock_holder_mid_provision_still_binds_one_workspace() {
     let record = cluster.workspace_record(registry.as_ref(), &workspace_id).await.expect("read").expect("record");
     assert_eq!(record.state, StoredState::Ready, "{record:?}");
     assert_ne!(record.changed_by, holder, "the dead holder cannot have written the record");
+    // The replica that finished the bind counted it as a take-over, and waited first.
+    let finisher = cluster.replica(&record.changed_by).and_then(|replica| replica.metrics_port).expect("metrics port");
+    let scraped = berth_tests::observe::scrape(finisher).await.expect("scrape the finishing replica");
+    let counted = |name: &str| scraped.value(name, &[]).unwrap_or(0.0);
+    assert!(counted("berth_control_plane_binds_taken_over_total") >= 1.0, "no take-over counted:\n{}", scraped.text);
+    assert!(counted("berth_control_plane_binds_waited_total") >= 1.0, "no wait counted:\n{}", scraped.text);
     let node_id = record.node_id.clone().expect("placed");
     let expected = vec![(node_id, workspace_id.clone())];
     let single = wait_until(Duration::from_secs(5), || async { cluster.workspace_dirs() == expected }).await;

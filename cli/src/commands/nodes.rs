@@ -1,9 +1,10 @@
-//! `berth nodes list`: the node agents the control plane currently sees (AdminService).
+//! `berth nodes list | drain | undrain`: the node agents the control plane currently sees,
+//! and taking one out of placement (AdminService).
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use berth_proto::v1::{ListNodesRequest, NodeInfo};
+use berth_proto::v1::{DrainNodeRequest, ListNodesRequest, NodeInfo, UndrainNodeRequest};
 use clap::Subcommand;
 use serde::Serialize;
 
@@ -11,12 +12,38 @@ use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::format::{age, node_state_name, rfc3339_opt};
 use crate::io::Io;
-use crate::output::{Table, emit};
+use crate::output::{Table, emit, emit_message};
 
 #[derive(Debug, Subcommand)]
 pub enum NodesCommand {
     /// List live nodes with their load and last heartbeat.
     List,
+    /// Stop placing workspaces on NODE and release the ones it holds: their next access
+    /// re-places them on another node. Their data stays behind (no snapshots yet), so a
+    /// node holding workspaces is drained only with --force; without it the command lists
+    /// what would be lost and changes nothing.
+    Drain {
+        node_id: String,
+        /// Drain even though the workspaces' data on the node is lost.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Let a drained NODE receive new workspaces again.
+    Undrain { node_id: String },
+}
+
+/// JSON form of a drain.
+#[derive(Debug, Serialize)]
+pub struct DrainView {
+    pub node_id: String,
+    pub released: Vec<String>,
+}
+
+/// JSON form of an undrain.
+#[derive(Debug, Serialize)]
+pub struct UndrainView {
+    pub node_id: String,
+    pub was_drained: bool,
 }
 
 /// JSON form of a node.
@@ -94,6 +121,44 @@ pub async fn run(command: NodesCommand, global: &GlobalArgs, io: &mut Io<'_>) ->
             let views: Vec<NodeView> = nodes.iter().map(NodeView::from).collect();
             emit(io, global.output, &views, || nodes_table(&nodes, SystemTime::now())).await?;
         }
+        NodesCommand::Drain { node_id, force } => {
+            let mut client = connect(global).await?.admin();
+            let request = DrainNodeRequest { node_id: node_id.clone(), force };
+            let released: Vec<String> = client
+                .drain_node(request)
+                .await
+                .rpc_context(|| format!("drain node {node_id}"))?
+                .into_inner()
+                .released
+                .into_iter()
+                .map(|workspace| workspace.workspace_id)
+                .collect();
+            let message = match released.len() {
+                0 => format!("drained node {node_id}; it held no workspaces"),
+                count => format!(
+                    "drained node {node_id}; {count} workspace(s) will be re-placed on their next access \
+                     (their data on {node_id} is lost): {}",
+                    released.join(", ")
+                ),
+            };
+            emit_message(io, global.output, &DrainView { node_id, released }, &message).await?;
+        }
+        NodesCommand::Undrain { node_id } => {
+            let mut client = connect(global).await?.admin();
+            let request = UndrainNodeRequest { node_id: node_id.clone() };
+            let was_drained = client
+                .undrain_node(request)
+                .await
+                .rpc_context(|| format!("undrain node {node_id}"))?
+                .into_inner()
+                .was_drained;
+            let message = if was_drained {
+                format!("node {node_id} receives workspaces again")
+            } else {
+                format!("node {node_id} was not drained")
+            };
+            emit_message(io, global.output, &UndrainView { node_id, was_drained }, &message).await?;
+        }
     }
     Ok(0)
 }
@@ -112,6 +177,12 @@ mod tests {
         let cli = Cli::try_parse_from(["berth", "nodes", "list", "-o", "json"]).unwrap();
         assert!(matches!(cli.command, Command::Nodes(NodesCommand::List)));
         assert!(Cli::try_parse_from(["berth", "nodes"]).is_err());
+        let drain = Cli::try_parse_from(["berth", "nodes", "drain", "node-a", "--force"]).unwrap();
+        assert!(
+            matches!(drain.command, Command::Nodes(NodesCommand::Drain { ref node_id, force: true }) if node_id == "node-a")
+        );
+        let undrain = Cli::try_parse_from(["berth", "nodes", "undrain", "node-a"]).unwrap();
+        assert!(matches!(undrain.command, Command::Nodes(NodesCommand::Undrain { .. })));
     }
 
     #[test]

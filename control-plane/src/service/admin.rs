@@ -1,6 +1,21 @@
-//! `AdminService`: operator calls.
+//! `AdminService`: operator calls. Every handler starts with `require_admin`.
+//!
+//! Drain (`DrainNode` / `UndrainNode`): the drain is its own registry key
+//! (`/drains/<node>`, no lease), so it survives the node's lease, node restarts and replica
+//! restarts, and every replica learns it through its view. A drained node gets no new
+//! placements (`placement.rs`) and a workspace recorded on it counts as LOST
+//! (`ReplicaView::node_holds_workspaces`): its next access re-places it at a new generation
+//! on another node, exactly like a workspace whose node died, and the node then removes its
+//! superseded copy through the heartbeat reconciliation. There is no snapshot store yet, so
+//! that copy's data is lost: a drain of a node holding workspaces needs `force`.
+//!
+//! A bind that chose the node just before its replica saw the drain still records it there;
+//! every replica treats that workspace as LOST too, so it moves on its next access (it is
+//! brand new, so nothing is lost with it).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use berth_proto::convert::timestamp_from_unix_ms;
 use berth_proto::v1::admin_service_server::AdminService;
@@ -8,16 +23,136 @@ use berth_proto::v1::{self, NodeState};
 use tonic::{Request, Response, Status};
 
 use crate::authz::{Caller, require_admin};
+use crate::error::ControlPlaneError;
+use crate::keys::Keys;
+use crate::records::{self, DrainRecord, NodeRecord, RECORD_VERSION, ReplicaRecord, StoredState, now_ms};
+use crate::registry::{RegistryError, RegistryRef, Txn, TxnOp, TxnOpResponse};
 use crate::view::ReplicaView;
+
+/// Most workspace ids a refused drain names in its message (the count is always exact).
+const REFUSAL_LISTS_AT_MOST: usize = 50;
 
 pub struct AdminApi {
     view: Arc<ReplicaView>,
+    registry: RegistryRef,
+    keys: Keys,
+    replica_id: String,
 }
 
 impl AdminApi {
-    pub fn new(view: Arc<ReplicaView>) -> Self {
-        Self { view }
+    pub fn new(view: Arc<ReplicaView>, registry: RegistryRef, keys: Keys, replica_id: String) -> Self {
+        Self { view, registry, keys, replica_id }
     }
+
+    fn node_info(&self, node: &NodeRecord) -> v1::NodeInfo {
+        // The drain key decides; the record's `draining` flag lags it by up to a refresh.
+        let draining = self.view.is_draining(&node.node_id);
+        v1::NodeInfo {
+            node_id: node.node_id.clone(),
+            address: node.address.clone(),
+            backends: node.backends.clone(),
+            labels: node.labels.clone().into_iter().collect(),
+            workspaces: node.load.workspaces,
+            last_heartbeat: Some(timestamp_from_unix_ms(node.last_heartbeat_ms)),
+            state: if draining { NodeState::Draining } else { NodeState::Live } as i32,
+            load: Some(v1::NodeLoad {
+                workspaces: node.load.workspaces,
+                running: node.load.running,
+                execs_in_flight: node.load.execs_in_flight,
+                load_avg_1m: node.load.load_avg_1m,
+                mem_available_bytes: node.load.mem_available_bytes,
+            }),
+            version: node.agent_version.clone(),
+            node_generation: node.node_generation,
+            replica_id: node.replica_id.clone(),
+        }
+    }
+
+    fn sorted_nodes(&self) -> Vec<v1::NodeInfo> {
+        let mut nodes: Vec<v1::NodeInfo> = self.view.live_nodes().iter().map(|node| self.node_info(node)).collect();
+        nodes.sort_by(|left, right| left.node_id.cmp(&right.node_id));
+        nodes
+    }
+
+    /// Replicas from their lease-bound keys, and the registry's health from that same read
+    /// (linearizable, so it needs a quorum).
+    async fn replicas_and_health(&self) -> (Vec<v1::ReplicaInfo>, v1::RegistryHealth) {
+        let started = Instant::now();
+        let listed = self.registry.range_page(&self.keys.replicas_prefix(), "", 1000).await;
+        let mut health = v1::RegistryHealth {
+            registry: self.registry.name().to_owned(),
+            healthy: listed.is_ok(),
+            read_latency_micros: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            error: String::new(),
+        };
+        let page = match listed {
+            Ok(page) => page,
+            Err(error) => {
+                health.error = error.to_string();
+                return (Vec::new(), health);
+            }
+        };
+        let replicas = page
+            .kvs
+            .iter()
+            .filter_map(|kv| records::decode::<ReplicaRecord>(&kv.key, &kv.value).ok())
+            .map(|replica| v1::ReplicaInfo {
+                replica_id: replica.replica_id,
+                address: replica.address,
+                started_at: Some(timestamp_from_unix_ms(replica.started_at_ms)),
+            })
+            .collect();
+        (replicas, health)
+    }
+
+    fn workspace_counts(&self) -> Vec<v1::WorkspaceCount> {
+        let mut counts: BTreeMap<(&'static str, String), u64> = BTreeMap::new();
+        for entry in self.view.workspaces.all() {
+            let state = crate::metrics::state_label(self.view.effective_state(&entry.record));
+            *counts.entry((state, entry.record.backend.clone())).or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .map(|((state, backend), count)| v1::WorkspaceCount { state: state.to_owned(), backend, count })
+            .collect()
+    }
+
+    /// Workspaces whose placement (runtime or kept data) is on `node_id`, as this replica
+    /// sees them.
+    fn workspaces_on(&self, node_id: &str) -> Vec<v1::DrainedWorkspace> {
+        self.view
+            .workspaces
+            .all()
+            .into_iter()
+            .filter(|entry| {
+                entry.record.node_id.as_deref() == Some(node_id)
+                    && matches!(entry.record.state, StoredState::Ready | StoredState::Idle)
+            })
+            .map(|entry| v1::DrainedWorkspace {
+                workspace_id: entry.record.id.to_string(),
+                state: crate::metrics::state_label(self.view.effective_state(&entry.record)).to_owned(),
+                owner: entry.record.owner.clone(),
+            })
+            .collect()
+    }
+
+    /// Reads the drain key back into this replica's view, so the caller's next request to
+    /// this replica already sees it (other replicas follow through their watch).
+    async fn refresh_drain(&self, key: &str, revision: i64) -> Result<(), RegistryError> {
+        match self.registry.get(key).await? {
+            Some(kv) => self.view.drains.apply_put(&kv),
+            None => self.view.drains.apply_delete(key, revision),
+        }
+        Ok(())
+    }
+}
+
+fn registry_status(error: RegistryError) -> Status {
+    Status::from(ControlPlaneError::from(error))
+}
+
+fn node_id_of(node_id: &str) -> Result<(), Status> {
+    berth_workspace::validate_id("node id", node_id).map_err(|error| Status::invalid_argument(error.to_string()))
 }
 
 #[tonic::async_trait]
@@ -27,31 +162,95 @@ impl AdminService for AdminApi {
         request: Request<v1::ListNodesRequest>,
     ) -> Result<Response<v1::ListNodesResponse>, Status> {
         require_admin(Caller::of(&request)?.principal())?;
-        let mut nodes: Vec<v1::NodeInfo> = self
-            .view
-            .live_nodes()
-            .iter()
-            .map(|node| v1::NodeInfo {
-                node_id: node.node_id.clone(),
-                address: node.address.clone(),
-                backends: node.backends.clone(),
-                labels: node.labels.clone().into_iter().collect(),
-                workspaces: node.load.workspaces,
-                last_heartbeat: Some(timestamp_from_unix_ms(node.last_heartbeat_ms)),
-                state: if node.draining { NodeState::Draining } else { NodeState::Live } as i32,
-                load: Some(v1::NodeLoad {
-                    workspaces: node.load.workspaces,
-                    running: node.load.running,
-                    execs_in_flight: node.load.execs_in_flight,
-                    load_avg_1m: node.load.load_avg_1m,
-                    mem_available_bytes: node.load.mem_available_bytes,
-                }),
-                version: node.agent_version.clone(),
-                node_generation: node.node_generation,
-                replica_id: node.replica_id.clone(),
-            })
-            .collect();
-        nodes.sort_by(|left, right| left.node_id.cmp(&right.node_id));
-        Ok(Response::new(v1::ListNodesResponse { nodes }))
+        Ok(Response::new(v1::ListNodesResponse { nodes: self.sorted_nodes() }))
+    }
+
+    async fn get_cluster_status(
+        &self,
+        request: Request<v1::GetClusterStatusRequest>,
+    ) -> Result<Response<v1::ClusterStatus>, Status> {
+        require_admin(Caller::of(&request)?.principal())?;
+        let (mut replicas, registry) = self.replicas_and_health().await;
+        replicas.sort_by(|left, right| left.replica_id.cmp(&right.replica_id));
+        let mut drained_nodes: Vec<String> =
+            self.view.drains.all().into_iter().map(|entry| entry.record.node_id.clone()).collect();
+        drained_nodes.sort();
+        Ok(Response::new(v1::ClusterStatus {
+            answered_by: self.replica_id.clone(),
+            replicas,
+            nodes: self.sorted_nodes(),
+            workspaces: self.workspace_counts(),
+            registry: Some(registry),
+            drained_nodes,
+        }))
+    }
+
+    async fn drain_node(
+        &self,
+        request: Request<v1::DrainNodeRequest>,
+    ) -> Result<Response<v1::DrainNodeResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        require_admin(caller.principal())?;
+        let message = request.get_ref();
+        node_id_of(&message.node_id)?;
+        let released = self.workspaces_on(&message.node_id);
+        if !self.view.node_is_live(&message.node_id) && released.is_empty() && !self.view.is_draining(&message.node_id)
+        {
+            return Err(Status::not_found(format!(
+                "node {} is not live and holds no workspace record",
+                message.node_id
+            )));
+        }
+        if !released.is_empty() && !message.force && !self.view.is_draining(&message.node_id) {
+            let mut named: Vec<&str> = released.iter().map(|workspace| workspace.workspace_id.as_str()).collect();
+            named.sort_unstable();
+            let more = named.len().saturating_sub(REFUSAL_LISTS_AT_MOST);
+            named.truncate(REFUSAL_LISTS_AT_MOST);
+            return Err(Status::failed_precondition(format!(
+                "draining node {} would lose the data of {} workspace(s) (no snapshot store is configured; \
+                 they are re-placed empty on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
+                message.node_id,
+                released.len(),
+                named.join(", "),
+                if more > 0 { format!(" and {more} more") } else { String::new() },
+            )));
+        }
+        let key = self.keys.drain(&message.node_id);
+        let record = DrainRecord {
+            version: RECORD_VERSION,
+            node_id: message.node_id.clone(),
+            drained_by: caller.principal().name.clone(),
+            drained_at_ms: now_ms(),
+            released: released.iter().map(|workspace| workspace.workspace_id.clone()).collect(),
+        };
+        let response = self
+            .registry
+            .txn(Txn::new().and_then([TxnOp::put(&key, records::encode(&record))]))
+            .await
+            .map_err(registry_status)?;
+        self.refresh_drain(&key, response.revision).await.map_err(registry_status)?;
+        tracing::info!(
+            node_id = %message.node_id,
+            released = released.len(),
+            by = %caller.principal().name,
+            "node drained"
+        );
+        Ok(Response::new(v1::DrainNodeResponse { released }))
+    }
+
+    async fn undrain_node(
+        &self,
+        request: Request<v1::UndrainNodeRequest>,
+    ) -> Result<Response<v1::UndrainNodeResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        require_admin(caller.principal())?;
+        let node_id = &request.get_ref().node_id;
+        node_id_of(node_id)?;
+        let key = self.keys.drain(node_id);
+        let response = self.registry.txn(Txn::new().and_then([TxnOp::delete(&key)])).await.map_err(registry_status)?;
+        let was_drained = matches!(response.responses.first(), Some(TxnOpResponse::Delete(deleted)) if *deleted > 0);
+        self.refresh_drain(&key, response.revision).await.map_err(registry_status)?;
+        tracing::info!(node_id = %node_id, was_drained, by = %caller.principal().name, "node undrained");
+        Ok(Response::new(v1::UndrainNodeResponse { was_drained }))
     }
 }

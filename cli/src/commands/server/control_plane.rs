@@ -43,6 +43,8 @@ pub struct ControlPlaneArgs {
     pub node_client_key: Option<PathBuf>,
     #[command(flatten)]
     pub common: ReplicaFlags,
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::TelemetryFlags,
 }
 
 /// `--auth` modes.
@@ -184,6 +186,9 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();
+    if let Some(listen) = &args.telemetry.metrics_listen {
+        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
+    }
     berth_control_plane::serve(listener, config, registry, shutdown).await.context("control plane")?;
     Ok(0)
 }

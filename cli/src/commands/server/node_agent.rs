@@ -49,6 +49,8 @@ pub struct NodeAgentArgs {
     pub control_plane_ca_cert: Option<PathBuf>,
     #[command(flatten)]
     pub common: NodeFlags,
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::TelemetryFlags,
 }
 
 /// Node settings shared by `berth node-agent` and `berth up`.
@@ -135,6 +137,9 @@ pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();
+    if let Some(listen) = &args.telemetry.metrics_listen {
+        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
+    }
     berth_node_agent::serve(listener, config, shutdown).await.context("node agent")?;
     Ok(0)
 }
