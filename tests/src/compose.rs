@@ -288,6 +288,13 @@ impl ComposeCluster {
         Ok(published)
     }
 
+    /// The Prometheus text at `url` as seen from inside `container` on the cluster network
+    /// (busybox `wget` in the berth image; the etcd image has no tools, so scrape etcd from
+    /// a berth container).
+    pub async fn scrape(&self, container: &str, url: &str) -> anyhow::Result<String> {
+        docker(&["exec", container, "wget", "-q", "-O", "-", url]).await
+    }
+
     /// Full container ids of `service`.
     pub async fn containers(&self, service: &str) -> anyhow::Result<Vec<String>> {
         let out = self.compose(&["ps", "-q", service]).await?;

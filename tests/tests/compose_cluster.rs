@@ -61,6 +61,66 @@ async fn compose_bring_up_serves_sessions_and_exec_through_every_replica() {
             assert!(nodes.contains(&host), "{host} is not one of the nodes {nodes:?}");
         }
     }
+    metrics_of_every_process(&cluster, &nodes).await;
+}
+
+/// The value of the first sample of `series` whose labels contain every one of `labels`.
+fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
+    text.lines().filter(|line| !line.starts_with('#')).find_map(|line| {
+        let (name_and_labels, value) = line.rsplit_once(' ')?;
+        let name = name_and_labels.split('{').next()?;
+        (name == series && labels.iter().all(|label| name_and_labels.contains(label))).then(|| value.parse().ok())?
+    })
+}
+
+/// A scrape of `/metrics` on every replica, node agent and etcd member after the sessions
+/// and execs of the bring-up test returns the operator's series with plausible values.
+async fn metrics_of_every_process(cluster: &ComposeCluster, nodes: &[String]) {
+    let mut execs_on_nodes = 0.0;
+    for node in nodes {
+        let container = cluster.node_container(node).await.expect("node container");
+        let text = cluster.scrape(&container, "http://127.0.0.1:9100/metrics").await.expect("scrape a node agent");
+        assert!(text.contains("berth_node_agent_workspaces"), "node {node}:\n{text}");
+        execs_on_nodes +=
+            sample(&text, "berth_node_agent_exec_duration_seconds_count", &[r#"backend="local""#]).unwrap_or(0.0);
+    }
+    // Three workspaces, each ran a command through every replica (two each: write and
+    // hostname, plus one read through each of the three).
+    assert!(execs_on_nodes >= 9.0, "only {execs_on_nodes} execs counted on the node agents");
+    for service in REPLICA_SERVICES {
+        let container = cluster.container(service).await.expect("replica container");
+        let text = cluster.scrape(&container, "http://127.0.0.1:9100/metrics").await.expect("scrape a replica");
+        let expect = |series: &str, labels: &[&str]| {
+            sample(&text, series, labels).unwrap_or_else(|| panic!("{service}: no {series}{labels:?} in\n{text}"))
+        };
+        assert!(expect("berth_control_plane_binds_started_total", &[]) >= 1.0, "{service}: no bind started");
+        assert!(expect("berth_control_plane_binds_won_total", &[]) >= 1.0, "{service}: no bind won");
+        assert_eq!(expect("berth_control_plane_live_nodes", &[]), nodes.len() as f64, "{service}: live nodes");
+        assert!(expect("berth_control_plane_workspaces", &[r#"state="ready""#]) >= 3.0, "{service}: workspaces");
+        assert!(expect("berth_control_plane_provision_duration_seconds_count", &[r#"backend="local""#]) >= 1.0);
+        assert!(expect("berth_control_plane_etcd_call_duration_seconds_count", &[]) >= 1.0);
+    }
+    // Heartbeats land on whichever replica holds a node's stream: over all replicas, one
+    // stream per node, and a gap measured for each (a heartbeat every 2 s: wait for them).
+    let heartbeats = || async {
+        let (mut streams, mut gaps) = (0.0, 0.0);
+        for service in REPLICA_SERVICES {
+            let container = cluster.container(service).await.ok()?;
+            let text = cluster.scrape(&container, "http://127.0.0.1:9100/metrics").await.ok()?;
+            streams += sample(&text, "berth_control_plane_heartbeat_streams", &[]).unwrap_or(0.0);
+            gaps += sample(&text, "berth_control_plane_heartbeat_gap_seconds_count", &[]).unwrap_or(0.0);
+        }
+        (streams == nodes.len() as f64 && gaps >= nodes.len() as f64).then_some(())
+    };
+    assert!(
+        wait_for(Duration::from_secs(15), heartbeats).await.is_some(),
+        "no heartbeat stream and gap per node in the replicas' metrics within 15 s"
+    );
+    let scraper = cluster.container(REPLICA_SERVICES[0]).await.expect("replica container");
+    for member in ETCD_SERVICES {
+        let text = cluster.scrape(&scraper, &format!("http://{member}:2379/metrics")).await.expect("scrape etcd");
+        assert_eq!(sample(&text, "etcd_server_has_leader", &[]), Some(1.0), "{member} has no leader");
+    }
 }
 
 /// A node agent cut off the network is gone from ListNodes within its lease TTL + 2 s; its

@@ -419,12 +419,16 @@ fn references(text: &str) -> Vec<String> {
     found
 }
 
-/// The `BERTH_*` variables the CLI's server commands read (`env = "BERTH_…"` in clap).
+/// The `BERTH_*` variables the CLI's server commands read (`env = "BERTH_…"` in clap):
+/// their own flags and the shared telemetry flags.
 fn cli_variables() -> BTreeSet<String> {
     let dir = repo_root().join("cli/src/commands/server");
+    let mut files: Vec<_> =
+        std::fs::read_dir(&dir).expect("cli/src/commands/server").map(|entry| entry.expect("entry").path()).collect();
+    files.push(repo_root().join("cli/src/telemetry.rs"));
     let mut known = BTreeSet::new();
-    for entry in std::fs::read_dir(&dir).expect("cli/src/commands/server") {
-        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read");
         let mut rest = text.as_str();
         while let Some(start) = rest.find("env = \"") {
             let after = &rest[start + 7..];
@@ -433,7 +437,10 @@ fn cli_variables() -> BTreeSet<String> {
             rest = &after[end..];
         }
     }
-    assert!(known.contains("BERTH_ETCD") && known.contains("BERTH_NODE_SECRET_FILE"), "{known:?}");
+    assert!(
+        ["BERTH_ETCD", "BERTH_NODE_SECRET_FILE", "BERTH_METRICS_LISTEN"].iter().all(|name| known.contains(*name)),
+        "{known:?}"
+    );
     known
 }
 
