@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use berth_proto::v1::node_agent_service_server::NodeAgentServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::NodeAuthLayer;
@@ -119,7 +118,12 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(api)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
+        // `tcp_nodelay` above applies only to listeners tonic binds itself: set it on the
+        // accepted sockets too, or Nagle + delayed ACK stall every large message 40 ms.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown.cancelled(),
+        )
         .await;
     tasks.cancel();
     let _ = heartbeat_task.await;
