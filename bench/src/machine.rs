@@ -8,6 +8,8 @@ use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MachineInfo {
+    /// When the run started, UTC (RFC 3339, seconds).
+    pub started_at: String,
     pub cpu_model: String,
     pub cores: usize,
     pub memory_bytes: u64,
@@ -40,6 +42,7 @@ impl MachineInfo {
             .unwrap_or_else(|| "unknown".into());
         let docker_version = command_line("docker", &["version", "--format", "{{.Server.Version}}"]);
         Self {
+            started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             cpu_model,
             cores,
             memory_bytes,

@@ -152,7 +152,8 @@ pub fn markdown(results: &[ScenarioResult]) -> String {
         let machine = &first.machine;
         let _ = writeln!(
             text,
-            "Machine: {} ({} cores, {:.1} GiB), kernel {}, {}, commit {}{}\n",
+            "Run {} on: {} ({} cores, {:.1} GiB), kernel {}, {}, commit {}{}\n",
+            machine.started_at,
             machine.cpu_model,
             machine.cores,
             machine.memory_bytes as f64 / GIB,
@@ -292,6 +293,7 @@ mod tests {
 
     fn machine() -> Arc<MachineInfo> {
         Arc::new(MachineInfo {
+            started_at: "2026-11-30T12:00:00Z".into(),
             cpu_model: "Test CPU".into(),
             cores: 2,
             memory_bytes: 24 * 1024 * 1024 * 1024,
@@ -351,7 +353,7 @@ mod tests {
         assert!(text.contains("**ERROR**"), "{text}");
         assert!(text.contains("- exec-rtt docker: no docker backend"), "{text}");
         assert!(text.contains("- first-session-storm R=1 N=10: 2 workspaces on disk"), "{text}");
-        assert!(text.starts_with("Machine: Test CPU (2 cores, 24.0 GiB)"), "{text}");
+        assert!(text.starts_with("Run 2026-11-30T12:00:00Z on: Test CPU (2 cores, 24.0 GiB)"), "{text}");
         let json: Value = serde_json::from_str(&to_json(&[ScenarioResult::new("a", "b", &machine)]).unwrap()).unwrap();
         assert_eq!(json[0]["status"], "ok");
         assert_eq!(json[0]["machine"]["cores"], 2);
