@@ -54,13 +54,12 @@ fn main() {
 /// `berth` binary of the same profile first, so the processes under test are never stale
 /// or missing. A no-op build takes about a second.
 fn build_berth_when_under_cargo() -> anyhow::Result<()> {
-    let Some(cargo) = std::env::var_os("CARGO") else { return Ok(()) };
-    if std::env::var_os("BERTH_BIN").is_some() {
+    if std::env::var_os("CARGO").is_none() || std::env::var_os("BERTH_BIN").is_some() {
         return Ok(());
     }
     let executable = std::env::current_exe()?;
     let profile = executable.parent().and_then(|dir| dir.file_name()).and_then(|name| name.to_str()).unwrap_or("debug");
-    let mut command = std::process::Command::new(cargo);
+    let mut command = berth_workspace::testing::nested_cargo();
     command.args(["build", "-p", "berth", "--bin", "berth"]);
     match profile {
         "debug" => {}

@@ -8,7 +8,6 @@
 //! own build lock; the path is cached per process.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
@@ -29,8 +28,7 @@ pub fn binary() -> &'static Path {
 
 fn build() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = Command::new(cargo)
+    let output = super::nested_cargo()
         .args(["rustc", "--manifest-path"])
         .arg(&manifest)
         .args([

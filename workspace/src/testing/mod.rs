@@ -45,6 +45,26 @@ pub mod files;
 pub mod mcp_fixture;
 pub mod tar_corpus;
 
+/// A `cargo` command for a build nested in a process that cargo started (a test, `cargo
+/// run`): without the variables cargo set for *that* package. Build scripts that track
+/// one of them (ring tracks `CARGO_MANIFEST_DIR`) would otherwise see it change and rebuild
+/// — and so would every crate above them, twice: once here, once in the next plain build.
+pub fn nested_cargo() -> std::process::Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let per_package = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || name.starts_with("CARGO_BIN_")
+            || matches!(name, "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR");
+        if per_package {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
 /// What one suite test gets: a backend, plus whatever must live as long as the test.
 pub trait BackendFixture: Send + Sync {
     fn backend(&self) -> BackendRef;
