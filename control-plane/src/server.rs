@@ -124,21 +124,13 @@ pub async fn serve(
     // Every service below sits behind the auth layer: a service added later is covered.
     let replica_id = config.replica_id.clone();
     let served = builder
-        // One span per request, child of the caller's trace context if it sent one; `ws_id`
-        // is recorded by `Access::workspace` once the handler knows it.
+        // One span per request, a child of the caller's trace context (`traceparent`) when
+        // it sent one, so one client call is one trace; `ws_id` is recorded once known.
         .trace_fn(move |request| {
-            // Probes would bury the traces operators look for.
-            if request.uri().path().starts_with("/grpc.health.v1.Health/") {
-                return tracing::Span::none();
-            }
-            let span = tracing::info_span!(
-                "grpc",
-                rpc = %request.uri().path(),
-                replica_id = %replica_id,
-                ws_id = tracing::field::Empty,
-            );
-            berth_proto::trace::set_remote_parent(&span, request.headers());
-            span
+            berth_proto::trace::request_span(
+                request,
+                |rpc| tracing::info_span!("grpc", rpc = %rpc, replica_id = %replica_id, ws_id = tracing::field::Empty),
+            )
         })
         .layer(AuthLayer::new(authenticator, config.node_secret.clone()))
         .tcp_nodelay(true)
@@ -150,12 +142,8 @@ pub async fn serve(
         .add_service(contract_api)
         .add_service(admin_api)
         .add_service(NodeServiceServer::new(heartbeat))
-        // `tcp_nodelay` above applies only to listeners tonic binds itself: set it on the
-        // accepted sockets too, or Nagle + delayed ACK stall every large message 40 ms.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled(),
-        )
+        // `tcp_nodelay` above covers only listeners tonic binds itself.
+        .serve_with_incoming_shutdown(berth_proto::trace::incoming(listener), shutdown.cancelled())
         .await;
     tasks.cancel();
     lease.revoke().await;

@@ -95,21 +95,13 @@ pub async fn serve(
     }
     let node_id = config.node_id.clone();
     let served = builder
-        // One span per request, a child of the replica's span when the call carries its trace
-        // context (`traceparent`), so one client call is one trace.
+        // One span per request, a child of the caller's trace context (`traceparent`) when
+        // it sent one, so one client call is one trace; `ws_id` is recorded once known.
         .trace_fn(move |request| {
-            // Probes would bury the traces operators look for.
-            if request.uri().path().starts_with("/grpc.health.v1.Health/") {
-                return tracing::Span::none();
-            }
-            let span = tracing::info_span!(
-                "grpc",
-                rpc = %request.uri().path(),
-                node_id = %node_id,
-                ws_id = tracing::field::Empty,
-            );
-            berth_proto::trace::set_remote_parent(&span, request.headers());
-            span
+            berth_proto::trace::request_span(
+                request,
+                |rpc| tracing::info_span!("grpc", rpc = %rpc, node_id = %node_id, ws_id = tracing::field::Empty),
+            )
         })
         .layer(NodeAuthLayer::new(config.node_secret.clone()))
         .tcp_nodelay(true)
@@ -118,12 +110,8 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(api)
-        // `tcp_nodelay` above applies only to listeners tonic binds itself: set it on the
-        // accepted sockets too, or Nagle + delayed ACK stall every large message 40 ms.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled(),
-        )
+        // `tcp_nodelay` above covers only listeners tonic binds itself.
+        .serve_with_incoming_shutdown(berth_proto::trace::incoming(listener), shutdown.cancelled())
         .await;
     tasks.cancel();
     let _ = heartbeat_task.await;

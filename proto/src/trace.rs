@@ -32,6 +32,26 @@ pub fn set_remote_parent(span: &tracing::Span, headers: &http::HeaderMap) {
     }
 }
 
+/// The span of one inbound gRPC request, for `Server::trace_fn`: none for health probes
+/// (they would bury the traces operators look for); otherwise `make(rpc path)`, a child of
+/// the caller's trace context when the request carries one.
+pub fn request_span<B>(request: &http::Request<B>, make: impl FnOnce(&str) -> tracing::Span) -> tracing::Span {
+    let rpc = request.uri().path();
+    if rpc.starts_with("/grpc.health.v1.Health/") {
+        return tracing::Span::none();
+    }
+    let span = make(rpc);
+    set_remote_parent(&span, request.headers());
+    span
+}
+
+/// Accepted connections of a listener we bound ourselves, with TCP_NODELAY: tonic applies
+/// `Server::tcp_nodelay` only to listeners it binds, and without it Nagle + delayed ACK
+/// stall every large message 40 ms.
+pub fn incoming(listener: impl Into<tonic::transport::server::TcpIncoming>) -> tonic::transport::server::TcpIncoming {
+    listener.into().with_nodelay(Some(true))
+}
+
 /// Records the workspace a request is about on the current request span (a no-op where the
 /// span has no `ws_id` field).
 pub fn record_workspace(workspace_id: &str) {
