@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 /// Size of the chunks sent to the server.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -86,4 +87,40 @@ pub fn unpack_into(reader: ChunkReader, dir: &Path) -> anyhow::Result<u64> {
         count += 1;
     }
     Ok(count)
+}
+
+/// Runs a client-streaming upload: `header`, then every chunk from `chunks` wrapped by
+/// `chunk_message`. A local read failure must not look like a clean end of stream (the
+/// server would commit a partial archive): the feeder stops without closing, and the call
+/// is dropped with the local error.
+pub async fn stream_upload<M, R, F, Fut>(
+    header: M,
+    mut chunks: mpsc::Receiver<anyhow::Result<Vec<u8>>>,
+    chunk_message: fn(Vec<u8>) -> M,
+    call: F,
+) -> anyhow::Result<Result<tonic::Response<R>, tonic::Status>>
+where
+    M: Send + 'static,
+    F: FnOnce(ReceiverStream<M>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+{
+    let (messages, outbound) = mpsc::channel::<M>(4);
+    messages.send(header).await.map_err(|_| anyhow::anyhow!("the upload stream closed before its header"))?;
+    let feeder = tokio::spawn(async move {
+        while let Some(chunk) = chunks.recv().await {
+            if messages.send(chunk_message(chunk?)).await.is_err() {
+                break;
+            }
+        }
+        anyhow::Ok(())
+    });
+    let call = call(ReceiverStream::new(outbound));
+    tokio::pin!(call);
+    Ok(tokio::select! {
+        response = &mut call => response,
+        fed = feeder => {
+            fed??;
+            call.await
+        }
+    })
 }

@@ -7,11 +7,10 @@ use berth_proto::v1::{
 };
 use clap::Subcommand;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::GlobalArgs;
 use crate::client::{RpcError, RpcResultExt, connect};
-use crate::commands::archive::{CHUNK_BYTES, pack_dir};
+use crate::commands::archive::{CHUNK_BYTES, pack_dir, stream_upload};
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
 
@@ -40,7 +39,7 @@ pub async fn run(command: SkillsCommand, global: &GlobalArgs, io: &mut Io<'_>) -
     let mut client = connect(global).await?.contract();
     match command {
         SkillsCommand::Add { workspace, path, name, replace } => {
-            let (sender, mut chunks) = mpsc::channel::<anyhow::Result<Vec<u8>>>(4);
+            let (sender, chunks) = mpsc::channel::<anyhow::Result<Vec<u8>>>(4);
             if path.is_dir() {
                 pack_dir(path.clone(), sender);
             } else {
@@ -54,29 +53,15 @@ pub async fn run(command: SkillsCommand, global: &GlobalArgs, io: &mut Io<'_>) -
                     }
                 });
             }
-            let (messages, outbound) = mpsc::channel::<AddSkillRequest>(4);
             let header =
                 AddSkillHeader { workspace_id: workspace.clone(), name: name.clone().unwrap_or_default(), replace };
-            messages.send(AddSkillRequest { msg: Some(add_skill_request::Msg::Header(header)) }).await?;
-            let feeder = tokio::spawn(async move {
-                while let Some(chunk) = chunks.recv().await {
-                    let chunk = chunk?;
-                    if messages.send(AddSkillRequest { msg: Some(add_skill_request::Msg::Chunk(chunk)) }).await.is_err()
-                    {
-                        break;
-                    }
-                }
-                anyhow::Ok(())
-            });
-            let call = client.add_skill(ReceiverStream::new(outbound));
-            tokio::pin!(call);
-            let response = tokio::select! {
-                response = &mut call => response,
-                fed = feeder => {
-                    fed??;
-                    call.await
-                }
-            };
+            let response = stream_upload(
+                AddSkillRequest { msg: Some(add_skill_request::Msg::Header(header)) },
+                chunks,
+                |chunk| AddSkillRequest { msg: Some(add_skill_request::Msg::Chunk(chunk)) },
+                |outbound| client.add_skill(outbound),
+            )
+            .await?;
             let added = response
                 .map_err(|status| anyhow::Error::new(RpcError::from(status)))
                 .map_err(|error| error.context(format!("add skill {} to {workspace}", path.display())))?

@@ -5,11 +5,10 @@ use std::path::{Path, PathBuf};
 use berth_proto::v1::{DownloadTreeRequest, UploadTreeHeader, UploadTreeRequest, upload_tree_request};
 use futures::StreamExt;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::GlobalArgs;
 use crate::client::{RpcError, RpcResultExt, connect};
-use crate::commands::archive::{ChunkReader, pack_dir, unpack_into};
+use crate::commands::archive::{ChunkReader, pack_dir, stream_upload, unpack_into};
 use crate::io::Io;
 use crate::output::emit_message;
 
@@ -31,31 +30,16 @@ pub async fn push(
     }
     let dest = dest.unwrap_or_else(|| default_destination(&local_dir));
     let mut client = connect(global).await?.contract();
-    let (sender, mut chunks) = mpsc::channel(4);
+    let (sender, chunks) = mpsc::channel(4);
     pack_dir(local_dir.clone(), sender);
-    let (messages, outbound) = mpsc::channel::<UploadTreeRequest>(4);
     let header = UploadTreeHeader { workspace_id: workspace.clone(), path: dest.clone(), overwrite };
-    messages.send(UploadTreeRequest { msg: Some(upload_tree_request::Msg::Header(header)) }).await?;
-    let feeder = tokio::spawn(async move {
-        while let Some(chunk) = chunks.recv().await {
-            // A local read failure must not look like a clean end (the server would commit
-            // a partial tree): stop without closing, the call is then dropped.
-            let chunk = chunk?;
-            if messages.send(UploadTreeRequest { msg: Some(upload_tree_request::Msg::Chunk(chunk)) }).await.is_err() {
-                break;
-            }
-        }
-        anyhow::Ok(())
-    });
-    let call = client.upload_tree(ReceiverStream::new(outbound));
-    tokio::pin!(call);
-    let response = tokio::select! {
-        response = &mut call => response,
-        fed = feeder => {
-            fed??;
-            call.await
-        }
-    };
+    let response = stream_upload(
+        UploadTreeRequest { msg: Some(upload_tree_request::Msg::Header(header)) },
+        chunks,
+        |chunk| UploadTreeRequest { msg: Some(upload_tree_request::Msg::Chunk(chunk)) },
+        |outbound| client.upload_tree(outbound),
+    )
+    .await?;
     let what = || format!("push {} to {workspace}:{dest}", local_dir.display());
     let stats = response.map_err(RpcError::from).map_err(anyhow::Error::new).map_err(|error| error.context(what()))?;
     let stats = stats.into_inner();
