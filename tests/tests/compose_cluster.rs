@@ -368,10 +368,12 @@ async fn compose_rolling_restart_of_replicas_under_exec_load() {
     let nodes = cluster.node_ids().await.expect("ids");
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Calls finished by all clients together, so the test can wait for load after the restarts.
+    let finished = Arc::new(AtomicUsize::new(0));
     let mut load = Vec::new();
     for (client, workspace_id) in workspaces.iter().enumerate() {
         let replicas = cluster.replicas.clone();
-        let (stop, workspace_id) = (Arc::clone(&stop), workspace_id.clone());
+        let (stop, finished, workspace_id) = (Arc::clone(&stop), Arc::clone(&finished), workspace_id.clone());
         load.push(tokio::spawn(async move {
             // (calls, calls that needed their retry, longest failure window, failures)
             let mut calls = 0usize;
@@ -402,6 +404,8 @@ async fn compose_rolling_restart_of_replicas_under_exec_load() {
                         }
                     }
                 }
+                finished.fetch_add(1, Ordering::SeqCst);
+                // Steady load, not a flood: about 50 calls/s per client.
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             (calls, retried, worst, failures)
@@ -419,8 +423,14 @@ async fn compose_rolling_restart_of_replicas_under_exec_load() {
         .await;
         assert!(back, "{service} did not come back\n{}", cluster.logs(30).await);
     }
-    // Load on the fully restarted cluster for a moment, so a late failure would show.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Load on the fully restarted cluster, so a late failure would show: every client
+    // finishes a few more calls.
+    let after_restarts = finished.load(Ordering::SeqCst);
+    let more = wait_until(Duration::from_secs(30), || async {
+        finished.load(Ordering::SeqCst) >= after_restarts + 10 * CLIENTS
+    })
+    .await;
+    assert!(more, "the load stalled after the rolling restart");
     stop.store(true, Ordering::SeqCst);
     let mut totals = (0, 0, Duration::ZERO, Vec::new());
     for task in load {
