@@ -198,23 +198,7 @@ impl EtcdCounters {
     }
 }
 
-/// Polls `condition` every `every` until true or `timeout`; returns whether it became true.
-pub async fn poll_until<F, Fut>(timeout: Duration, every: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(every).await;
-    }
-}
+pub use berth_testkit::wait_until_every as poll_until;
 
 /// Runs `total` calls with `concurrency` in flight (closed loop): each worker takes the
 /// next index until none is left. Returns every call's latency and the wall time.

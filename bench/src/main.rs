@@ -59,7 +59,7 @@ fn build_berth_when_under_cargo() -> anyhow::Result<()> {
     }
     let executable = std::env::current_exe()?;
     let profile = executable.parent().and_then(|dir| dir.file_name()).and_then(|name| name.to_str()).unwrap_or("debug");
-    let mut command = berth_workspace::testing::nested_cargo();
+    let mut command = berth_testkit::nested_cargo();
     command.args(["build", "-p", "berth", "--bin", "berth"]);
     match profile {
         "debug" => {}

@@ -9,7 +9,7 @@ use berth_control_plane::{ControlPlaneConfig, RegistryRef};
 use berth_proto::v1::contract_service_client::ContractServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use berth_proto::v1::{self, add_skill_request, mcp_server, upload_tree_request};
-use berth_workspace::testing::tar_corpus::{archive, file, gzip, symlink};
+use berth_testkit::tar_corpus::{archive, file, gzip, symlink};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use berth_workspace::path::{MAX_PATH_BYTES, MAX_PATH_DEPTH};
-use berth_workspace::{ByteStream, HostFs, RelPath, WriteOptions, join_path};
+use berth_backend_host::HostFs;
+use berth_workspace::{ByteStream, RelPath, WriteOptions, join_path};
 use bytes::Bytes;
 use futures::StreamExt;
 use libfuzzer_sys::fuzz_target;

@@ -12,8 +12,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use berth_workspace::tree::{TEMP_PREFIX, TreeLimits, upload};
-use berth_workspace::{ByteStream, LocalBackend, RelPath};
+use berth_backend_host::LocalBackend;
+use berth_features::tree::{TEMP_PREFIX, TreeLimits, upload};
+use berth_workspace::{ByteStream, RelPath};
 use bytes::Bytes;
 use futures::StreamExt;
 use libfuzzer_sys::fuzz_target;

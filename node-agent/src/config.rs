@@ -53,7 +53,7 @@ impl NodeAgentConfig {
             labels: BTreeMap::new(),
             capacity_workspaces: 0,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
-            docker_image: berth_workspace::docker::DEFAULT_IMAGE.to_owned(),
+            docker_image: berth_backend_docker::DEFAULT_IMAGE.to_owned(),
             debug_provision_delay: Duration::ZERO,
             contract: crate::contract::ContractConfig::default(),
             node_secret: None,

@@ -12,6 +12,10 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+use berth_features::mcp::{McpService, McpServiceConfig, SecretStore};
+use berth_features::offload;
+use berth_features::skills::{self, SkillIndex};
+use berth_features::tree::{self, TreeLimits};
 use berth_proto::contract::{
     check_mcp_target, check_skill_name, context_messages, context_offloaded_to_proto, mcp_call_to_proto,
     mcp_server_to_proto, mcp_spec_from_proto, mcp_status_to_proto, mcp_tool_to_proto, skill_info_to_proto,
@@ -19,10 +23,7 @@ use berth_proto::contract::{
 };
 use berth_proto::convert::status_from_workspace_error;
 use berth_proto::v1::{self, add_skill_request, upload_tree_request};
-use berth_workspace::mcp::{McpService, McpServiceConfig, SecretStore};
-use berth_workspace::skills::{self, SkillIndex};
-use berth_workspace::tree::{self, TreeLimits};
-use berth_workspace::{BackendRef, ByteStream, RelPath, WorkspaceError, WorkspaceId, offload};
+use berth_workspace::{BackendRef, ByteStream, RelPath, WorkspaceError, WorkspaceId};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::{Status, Streaming};

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use berth_workspace::{
-    BackendDriverRef, BubblewrapConfig, BubblewrapDriver, DockerConfig, DockerDriver, LocalDriver, WorkspaceError,
-};
+use berth_backend_bubblewrap::{BubblewrapConfig, BubblewrapDriver};
+use berth_backend_docker::{DockerConfig, DockerDriver};
+use berth_backend_host::LocalDriver;
+use berth_workspace::{BackendDriverRef, WorkspaceError};
 
 use crate::config::NodeAgentConfig;
 

@@ -7,3 +7,4 @@ pub mod compose;
 pub mod etcd;
 pub mod observe;
 pub mod process;
+pub mod registry_suite;

@@ -1,3 +1,3 @@
 //! The registry conformance suite against a real etcd (one process shared by this binary).
 
-berth_control_plane::registry_suite!(etcd, async { berth_tests::etcd::shared_registry().await });
+berth_tests::registry_suite!(etcd, async { berth_tests::etcd::shared_registry().await });

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{BoxedReader, BoxedWriter, ExecEvent, ExecOutput, ExecSpec, ExitInfo, ProcessControl, Spawned};
 use crate::error::{Result, WorkspaceError};
+use crate::process::{BoxedReader, BoxedWriter, ExecEvent, ExecOutput, ExecSpec, ExitInfo, ProcessControl, Spawned};
 
 /// Size of one read from a pipe, and so the largest output chunk.
 const READ_CHUNK_BYTES: usize = 64 * 1024;

@@ -17,9 +17,12 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use crate::backend::{Backend, ExecOutput, ExecSpec, FileInfo, FileKind, MAX_OUTPUT_BYTES_LIMIT, MAX_STDIN_BYTES};
+use async_trait::async_trait;
+
 use crate::error::{Result, WorkspaceError};
+use crate::file::{FileInfo, FileKind};
 use crate::path::RelPath;
+use crate::process::{ExecOutput, ExecSpec, MAX_OUTPUT_BYTES_LIMIT, MAX_STDIN_BYTES};
 
 /// Deadline of one derived file operation (a large `rm -rf` takes a while).
 const FILE_OP_TIMEOUT: Duration = Duration::from_secs(300);
@@ -149,7 +152,16 @@ case $op in
 esac
 "#;
 
-async fn run<B: Backend + ?Sized>(
+/// What the scripts need of a backend: a unary exec inside the sandbox, and a name for
+/// errors. Every `Backend` is one (`backend.rs`); kept apart so this module does not depend
+/// on the trait it serves.
+#[async_trait]
+pub trait Runner: Send + Sync {
+    fn runner_name(&self) -> &'static str;
+    async fn run_exec(&self, spec: &ExecSpec) -> Result<ExecOutput>;
+}
+
+async fn run<B: Runner + ?Sized>(
     backend: &B,
     op: &'static str,
     path: &RelPath,
@@ -160,7 +172,7 @@ async fn run<B: Backend + ?Sized>(
 }
 
 /// [`run`] with a free third argument and stdin.
-async fn run_with<B: Backend + ?Sized>(
+async fn run_with<B: Runner + ?Sized>(
     backend: &B,
     op: &'static str,
     path: &RelPath,
@@ -182,12 +194,12 @@ async fn run_with<B: Backend + ?Sized>(
     spec.spawn.env = BTreeMap::from([("LC_ALL".to_owned(), "C".to_owned())]);
     spec.timeout = FILE_OP_TIMEOUT;
     spec.max_output_bytes = max_output_bytes;
-    let output = backend.exec(&spec).await?;
+    let output = backend.run_exec(&spec).await?;
     if output.timed_out {
         return Err(WorkspaceError::Timeout { operation: op, millis: FILE_OP_TIMEOUT.as_millis() as u64 });
     }
     if output.exit_code != 0 {
-        return Err(classify(backend.name(), op, path, &output));
+        return Err(classify(backend.runner_name(), op, path, &output));
     }
     Ok(output)
 }
@@ -226,16 +238,16 @@ fn classify(backend: &'static str, op: &'static str, path: &RelPath, output: &Ex
     }
 }
 
-pub async fn stat<B: Backend + ?Sized>(backend: &B, path: &RelPath) -> Result<FileInfo> {
+pub async fn stat<B: Runner + ?Sized>(backend: &B, path: &RelPath) -> Result<FileInfo> {
     let output = run(backend, "stat", path, false, SMALL_OUTPUT_BYTES).await?;
     let line = std::str::from_utf8(&output.stdout)
         .ok()
         .and_then(|text| parse_stat_fields(text.trim_end()))
-        .ok_or_else(|| unparsable(backend.name(), "stat", &output.stdout))?;
+        .ok_or_else(|| unparsable(backend.runner_name(), "stat", &output.stdout))?;
     Ok(line.into_info(path.clone()))
 }
 
-pub async fn list_dir<B: Backend + ?Sized>(backend: &B, path: &RelPath) -> Result<Vec<FileInfo>> {
+pub async fn list_dir<B: Runner + ?Sized>(backend: &B, path: &RelPath) -> Result<Vec<FileInfo>> {
     let output = run(backend, "list", path, false, MAX_OUTPUT_BYTES_LIMIT).await?;
     if output.stdout_truncated {
         return Err(WorkspaceError::LimitExceeded {
@@ -244,7 +256,8 @@ pub async fn list_dir<B: Backend + ?Sized>(backend: &B, path: &RelPath) -> Resul
             max: MAX_OUTPUT_BYTES_LIMIT as u64,
         });
     }
-    let records = parse_listing(&output.stdout).ok_or_else(|| unparsable(backend.name(), "list", &output.stdout))?;
+    let records =
+        parse_listing(&output.stdout).ok_or_else(|| unparsable(backend.runner_name(), "list", &output.stdout))?;
     let mut entries = Vec::with_capacity(records.len());
     for (fields, name) in records {
         // Names a client cannot address (not UTF-8) are skipped, as the host backends do.
@@ -258,7 +271,7 @@ pub async fn list_dir<B: Backend + ?Sized>(backend: &B, path: &RelPath) -> Resul
     Ok(entries)
 }
 
-pub async fn remove<B: Backend + ?Sized>(backend: &B, path: &RelPath, recursive: bool) -> Result<bool> {
+pub async fn remove<B: Runner + ?Sized>(backend: &B, path: &RelPath, recursive: bool) -> Result<bool> {
     if path.is_root() {
         return Err(WorkspaceError::InvalidPath {
             path: ".".into(),
@@ -273,7 +286,7 @@ pub async fn remove<B: Backend + ?Sized>(backend: &B, path: &RelPath, recursive:
     }
 }
 
-pub async fn mkdir<B: Backend + ?Sized>(backend: &B, path: &RelPath, parents: bool) -> Result<()> {
+pub async fn mkdir<B: Runner + ?Sized>(backend: &B, path: &RelPath, parents: bool) -> Result<()> {
     if path.is_root() {
         return if parents { Ok(()) } else { Err(WorkspaceError::AlreadyExists { path: ".".into() }) };
     }
@@ -281,7 +294,7 @@ pub async fn mkdir<B: Backend + ?Sized>(backend: &B, path: &RelPath, parents: bo
     Ok(())
 }
 
-pub async fn append<B: Backend + ?Sized>(backend: &B, path: &RelPath, data: Bytes) -> Result<u64> {
+pub async fn append<B: Runner + ?Sized>(backend: &B, path: &RelPath, data: Bytes) -> Result<u64> {
     if path.is_root() {
         return Err(WorkspaceError::IsADirectory { path: ".".into() });
     }
@@ -297,7 +310,7 @@ pub async fn append<B: Backend + ?Sized>(backend: &B, path: &RelPath, data: Byte
     Ok(length)
 }
 
-pub async fn rename<B: Backend + ?Sized>(backend: &B, from: &RelPath, to: &RelPath) -> Result<()> {
+pub async fn rename<B: Runner + ?Sized>(backend: &B, from: &RelPath, to: &RelPath) -> Result<()> {
     if from.is_root() || to.is_root() {
         return Err(WorkspaceError::InvalidPath { path: ".".into(), reason: "the workspace root cannot be renamed" });
     }
@@ -311,7 +324,7 @@ pub async fn rename<B: Backend + ?Sized>(backend: &B, from: &RelPath, to: &RelPa
     Ok(())
 }
 
-pub async fn symlink<B: Backend + ?Sized>(backend: &B, target: &str, link: &RelPath) -> Result<()> {
+pub async fn symlink<B: Runner + ?Sized>(backend: &B, target: &str, link: &RelPath) -> Result<()> {
     if link.is_root() {
         return Err(WorkspaceError::AlreadyExists { path: ".".into() });
     }

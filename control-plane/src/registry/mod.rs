@@ -14,7 +14,6 @@ use futures::stream::BoxStream;
 
 pub mod embedded;
 pub mod etcd;
-pub mod suite;
 
 pub type RegistryRef = Arc<dyn Registry>;
 

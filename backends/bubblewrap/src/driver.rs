@@ -1,0 +1,245 @@
+//! [`BubblewrapDriver`]: checks the host once, then hands out [`BubblewrapBackend`]s.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::process::Command;
+
+use super::backend::{BubblewrapBackend, Launcher};
+use super::config::{BubblewrapConfig, SANDBOX_INNER_ID};
+use super::ownership;
+use super::sandbox::{self, MountTable, WorkspaceMounts};
+use berth_backend_host::hostfs::HostFs;
+use berth_workspace::backend::BackendRef;
+use berth_workspace::driver::{BackendDriver, ProvisionContext};
+use berth_workspace::error::{Result, WorkspaceError};
+use berth_workspace::id::WorkspaceId;
+
+/// How long the start-up probe sandbox may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Most bytes of the probe's stderr quoted in an error.
+const PROBE_STDERR_BYTES: usize = 2000;
+
+/// Hands out sandboxes. There is no long-lived runtime per workspace: every exec is its
+/// own bwrap, so provisioning only prepares the root and builds the handle, and release /
+/// destroy kill whatever is still running in the workspace and forget the handle (callers
+/// still holding one can keep using it).
+#[derive(Debug)]
+pub struct BubblewrapDriver {
+    config: BubblewrapConfig,
+    launcher: Arc<Launcher>,
+    backends: Mutex<HashMap<WorkspaceId, (PathBuf, Arc<BubblewrapBackend>)>>,
+}
+
+impl BubblewrapDriver {
+    /// Validates `config`, inspects the host and runs one probe sandbox (as the sandbox
+    /// user, with the real mounts and limits) to prove that bubblewrap works here.
+    ///
+    /// Errors: `InvalidArgument` for a bad config; `BackendUnavailable` naming what is
+    /// missing — a binary (`bwrap`, `setsid`, `prlimit`), user namespaces, or permission
+    /// to switch to the sandbox user.
+    pub async fn new(config: BubblewrapConfig) -> Result<Self> {
+        config.validate()?;
+        let inspected = config.clone();
+        let table = tokio::task::spawn_blocking(move || -> Result<MountTable> {
+            for (what, path, package) in [
+                ("bwrap", &inspected.bwrap_path, "bubblewrap"),
+                ("setsid", &inspected.setsid_path, "util-linux"),
+                ("prlimit", &inspected.prlimit_path, "util-linux"),
+            ] {
+                if !is_executable(path) {
+                    return Err(unavailable(format!(
+                        "{what} not found or not executable at {} (install {package})",
+                        path.display()
+                    )));
+                }
+            }
+            MountTable::inspect(&inspected)
+        })
+        .await
+        .map_err(|error| unavailable(format!("host inspection task failed: {error}")))??;
+        // Root switches to the sandbox user; anyone else already is unprivileged and runs
+        // sandboxes as itself (RLIMIT_NPROC then counts per sandbox just the same).
+        let run_as = nix::unistd::geteuid().is_root().then_some((config.sandbox_uid, config.sandbox_gid));
+        let launcher = Arc::new(Launcher {
+            setsid_path: config.setsid_path.clone(),
+            bwrap_path: config.bwrap_path.clone(),
+            prlimit_path: config.prlimit_path.clone(),
+            run_as,
+            table: Arc::new(table),
+            workspace_dir: config.workspace_dir.clone(),
+        });
+        let driver = Self { config, launcher, backends: Mutex::new(HashMap::new()) };
+        driver.probe().await?;
+        Ok(driver)
+    }
+
+    pub fn config(&self) -> &BubblewrapConfig {
+        &self.config
+    }
+
+    /// Host uid/gid the sandboxes run as (`None`: the agent's own).
+    pub fn sandbox_user(&self) -> Option<(u32, u32)> {
+        self.launcher.run_as
+    }
+
+    /// Runs `prlimit <default limits> -- true` in a sandbox with every mount but the
+    /// workspace (an empty tmpfs stands in for it).
+    async fn probe(&self) -> Result<()> {
+        let mut args = vec![self.config.bwrap_path.clone().into_os_string()];
+        args.extend(sandbox::bwrap_args(
+            &self.config,
+            &self.launcher.table,
+            &WorkspaceMounts { root: None, network: false },
+        ));
+        args.push("--".into());
+        args.push(self.config.prlimit_path.clone().into_os_string());
+        args.extend(self.config.default_limits.prlimit_args().into_iter().map(Into::into));
+        args.push("--".into());
+        args.push("true".into());
+        let mut command = Command::new(&self.config.setsid_path);
+        command
+            .args(&args)
+            .env_clear()
+            .env("PATH", super::backend::DEFAULT_PATH)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some((uid, gid)) = self.launcher.run_as {
+            command.uid(uid).gid(gid);
+        }
+        let who = match self.launcher.run_as {
+            Some((uid, gid)) => format!("as uid {uid}:{gid}"),
+            None => "as the agent's user".to_owned(),
+        };
+        let output = tokio::time::timeout(PROBE_TIMEOUT, command.output())
+            .await
+            .map_err(|_| unavailable(format!("the probe sandbox did not finish within {PROBE_TIMEOUT:?}")))?
+            .map_err(|error| unavailable(format!("cannot run the probe sandbox {who}: {error}")))?;
+        if output.status.success() {
+            tracing::info!(
+                bwrap = %self.config.bwrap_path.display(),
+                user = %who,
+                inner_uid = SANDBOX_INNER_ID,
+                "bubblewrap sandboxes work"
+            );
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr: String = stderr.trim().chars().take(PROBE_STDERR_BYTES).collect();
+        let hint = if stderr.contains("namespace") || stderr.contains("Operation not permitted") {
+            " (unprivileged user namespaces must be allowed: sysctl kernel.unprivileged_userns_clone=1, \
+             and on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap)"
+        } else {
+            ""
+        };
+        Err(unavailable(format!("a probe sandbox {who} failed with {}: {stderr}{hint}", output.status)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<WorkspaceId, (PathBuf, Arc<BubblewrapBackend>)>> {
+        // Single inserts and removals: a panic cannot leave the map half-updated.
+        self.backends.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn forget_and_kill(&self, workspace_id: &WorkspaceId) {
+        let removed = self.lock().remove(workspace_id);
+        if let Some((_, backend)) = removed {
+            let killed = backend.kill_all();
+            if killed > 0 {
+                tracing::info!(ws_id = %workspace_id, killed, "killed running sandboxes");
+            }
+        }
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
+}
+
+fn unavailable(reason: String) -> WorkspaceError {
+    WorkspaceError::BackendUnavailable { backend: "bubblewrap", reason }
+}
+
+#[async_trait]
+impl BackendDriver for BubblewrapDriver {
+    fn name(&self) -> &'static str {
+        "bubblewrap"
+    }
+
+    async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef> {
+        let backend: BackendRef = self.provision_bubblewrap(context).await?;
+        Ok(backend)
+    }
+
+    async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        self.forget_and_kill(workspace_id);
+        Ok(())
+    }
+
+    async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        self.forget_and_kill(workspace_id);
+        Ok(())
+    }
+}
+
+impl BubblewrapDriver {
+    /// [`BackendDriver::provision`] with the concrete type, for callers that want
+    /// [`BubblewrapBackend::running`] or [`BubblewrapBackend::kill_all`].
+    ///
+    /// Prepares the root (the caller created it): checks that the sandbox user can reach
+    /// it and makes that user own everything in it. Idempotent; a second call for the same
+    /// root returns the same handle.
+    pub async fn provision_bubblewrap(&self, context: ProvisionContext<'_>) -> Result<Arc<BubblewrapBackend>> {
+        context.spec.validate()?;
+        if let Some((root, backend)) = self.lock().get(context.workspace_id)
+            && root == context.root
+        {
+            return Ok(backend.clone());
+        }
+        if context.spec.image.is_some() || context.spec.cpu_millis > 0 {
+            tracing::warn!(
+                ws_id = %context.workspace_id,
+                "the bubblewrap backend runs host binaries and sets no CPU share; ignoring image and cpu_millis"
+            );
+        }
+        let root = context.root.to_path_buf();
+        let run_as = self.launcher.run_as;
+        let opened_root = root.clone();
+        let files = tokio::task::spawn_blocking(move || -> Result<HostFs> {
+            let files = HostFs::open(&opened_root)?;
+            if let Some((uid, gid)) = run_as {
+                ownership::check_reachable(files.host_root(), uid, gid)?;
+                let changed = ownership::hand_over(files.host_root(), uid, gid)?;
+                if changed > 0 {
+                    tracing::debug!(root = %files.host_root().display(), changed, "workspace handed to the sandbox user");
+                }
+            }
+            Ok(files.with_owner(run_as))
+        })
+        .await
+        .map_err(|error| unavailable(format!("preparing the workspace root failed: {error}")))??;
+        let sandbox_args = sandbox::bwrap_args(
+            &self.config,
+            &self.launcher.table,
+            &WorkspaceMounts { root: Some(files.host_root()), network: context.spec.network },
+        );
+        let limits = self.config.default_limits.for_spec(context.spec);
+        let backend = Arc::new(BubblewrapBackend::new(
+            files,
+            self.launcher.clone(),
+            sandbox_args,
+            limits.prlimit_args(),
+            context.spec.env.clone(),
+        ));
+        // Two racing provisions both prepare the root; the later insert wins and both
+        // handles serve the same directory, which keeps provision idempotent.
+        self.lock().insert(context.workspace_id.clone(), (root, backend.clone()));
+        Ok(backend)
+    }
+}

@@ -1,0 +1,171 @@
+//! One sandboxed process as seen from the host, and the set of them per workspace.
+//!
+//! The process tree of an exec: `setsid` execs into `bwrap` (so bwrap leads a new session
+//! and process group, id = its pid), bwrap clones the sandbox's pid 1 (its init, same
+//! group), which forks the command. Killing the group kills bwrap and the init; when a pid
+//! namespace's init dies the kernel kills everything else in it, including processes that
+//! left the group with `setsid`. So one `killpg` takes down the whole tree. Once bwrap is
+//! reaped there is nothing left to signal: when it exits on its own it has waited for its
+//! init, which waited for the rest of its namespace; when it was killed, so was the init,
+//! and the remaining processes are already dying with the namespace.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::process::Child;
+
+use berth_workspace::backend::{ExitInfo, ProcessControl};
+use berth_workspace::error::{Result, WorkspaceError};
+
+/// Highest signal number bwrap may fold into an exit status (SIGRTMAX on Linux).
+const MAX_SIGNAL: i32 = 64;
+
+/// The live sandboxes of one workspace, so release/destroy can kill them.
+#[derive(Debug, Default)]
+pub struct LiveProcesses {
+    /// Process group ids (= bwrap pids) not yet reaped, by a per-spawn key.
+    groups: Mutex<HashMap<u64, Pid>>,
+    next_key: AtomicU64,
+}
+
+impl LiveProcesses {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Pid>> {
+        // Single inserts and removals: a panic cannot leave the map half-updated.
+        self.groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn register(&self, group: Pid) -> u64 {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(key, group);
+        key
+    }
+
+    fn forget(&self, key: u64) {
+        self.lock().remove(&key);
+    }
+
+    /// Kills every sandbox still running. A sandbox reaped concurrently may have left the
+    /// map only after its reap; its pid could then in theory be reused within that window,
+    /// which needs the whole pid space to wrap in microseconds.
+    pub fn kill_all(&self) -> usize {
+        let groups = self.lock();
+        for group in groups.values() {
+            if let Err(error) = kill_tree(*group) {
+                tracing::warn!(group = %group, %error, "could not kill a sandbox");
+            }
+        }
+        groups.len()
+    }
+
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// A running sandbox: the `setsid`/`bwrap` child and its process group.
+pub struct SandboxProcess {
+    child: Child,
+    /// bwrap's pid, which is also its process group id once `setsid` ran.
+    group: Pid,
+    /// Set once `wait` returned: the tree is gone or dying and the pid may be reused, so
+    /// nothing is signalled any more.
+    reaped: Option<ExitInfo>,
+    live: Arc<LiveProcesses>,
+    key: u64,
+}
+
+impl SandboxProcess {
+    pub fn new(child: Child, group: Pid, live: Arc<LiveProcesses>) -> Self {
+        let key = live.register(group);
+        Self { child, group, reaped: None, live, key }
+    }
+}
+
+#[async_trait]
+impl ProcessControl for SandboxProcess {
+    async fn wait(&mut self) -> Result<ExitInfo> {
+        if let Some(exit) = self.reaped {
+            return Ok(exit);
+        }
+        // Cancel-safe: tokio's Child::wait keeps its state in the child.
+        let status = self.child.wait().await.map_err(|source| WorkspaceError::Io {
+            op: "wait for sandbox",
+            path: self.group.to_string(),
+            source,
+        })?;
+        let exit = unfold_exit(status.code(), status.signal());
+        self.reaped = Some(exit);
+        self.live.forget(self.key);
+        Ok(exit)
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        if self.reaped.is_some() {
+            return Ok(());
+        }
+        kill_tree(self.group)
+    }
+}
+
+impl Drop for SandboxProcess {
+    fn drop(&mut self) {
+        if self.reaped.is_none() {
+            if let Err(error) = kill_tree(self.group) {
+                tracing::warn!(group = %self.group, %error, "could not kill a dropped sandbox");
+            }
+            self.live.forget(self.key);
+        }
+        // The zombie is reaped by tokio's orphan queue once it dies.
+    }
+}
+
+/// Kills bwrap and its process group. The pid itself first: until `setsid` has run, the
+/// group does not exist yet, and then the pid is all there is (setsid does not fork when,
+/// as here, it is not a group leader).
+fn kill_tree(group: Pid) -> Result<()> {
+    let leader = kill(group, Signal::SIGKILL);
+    let members = killpg(group, Signal::SIGKILL);
+    for outcome in [leader, members] {
+        match outcome {
+            // ESRCH: already gone, which is what a kill wants.
+            Ok(()) | Err(Errno::ESRCH) => {}
+            Err(errno) => {
+                return Err(WorkspaceError::Io {
+                    op: "kill sandbox",
+                    path: group.to_string(),
+                    source: std::io::Error::from(errno),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// bwrap exits with 128+n when its command dies of signal n (it cannot die of it itself);
+/// undo that, so a sandboxed `kill -9 $$` reads like it does on the host. The price: a
+/// command that calls `exit(137)` on purpose is reported as killed by SIGKILL too.
+pub fn unfold_exit(code: Option<i32>, signal: Option<i32>) -> ExitInfo {
+    match code {
+        Some(code) if code > 128 && code <= 128 + MAX_SIGNAL => ExitInfo { code: None, signal: Some(code - 128) },
+        _ => ExitInfo { code, signal },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_are_unfolded() {
+        assert_eq!(unfold_exit(Some(137), None), ExitInfo { code: None, signal: Some(9) });
+        assert_eq!(unfold_exit(Some(128), None), ExitInfo { code: Some(128), signal: None });
+        assert_eq!(unfold_exit(Some(255), None), ExitInfo { code: Some(255), signal: None });
+        assert_eq!(unfold_exit(None, Some(9)), ExitInfo { code: None, signal: Some(9) });
+    }
+}

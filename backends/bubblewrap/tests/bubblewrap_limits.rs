@@ -1,0 +1,200 @@
+//! The bubblewrap backend's resource limits and process trees, checked from the host:
+//! each spec limit is enforced inside the sandbox, and a timed-out, dropped or destroyed
+//! exec leaves no process behind in the host's /proc. Plus the exec latency report.
+//!
+//! Needs `bwrap` (bubblewrap ≥ 0.8) and user namespaces; a missing bwrap fails every test
+//! here with the driver's `BackendUnavailable` message, it never skips.
+
+mod bwrap_support;
+
+use std::time::Duration;
+
+use berth_testkit::{assert_eventually, rel, sh};
+use berth_workspace::{BackendDriver, ExecSpec, WorkspaceSpec};
+use bwrap_support::{host_processes_with, marker, sandbox, shell, sleepers};
+
+// ---- limits -----------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_is_enforced() {
+    let sandbox = sandbox(WorkspaceSpec { memory_bytes: 64 * 1024 * 1024, ..WorkspaceSpec::default() }).await;
+    let hog = sh(&*sandbox.backend, "dd if=/dev/zero of=/dev/null bs=256M count=1", &[]).await;
+    assert_ne!(hog.exit_code, 0);
+    assert!(
+        String::from_utf8_lossy(&hog.stderr).contains("memory exhausted"),
+        "{:?}",
+        String::from_utf8_lossy(&hog.stderr)
+    );
+    let modest = sh(&*sandbox.backend, "dd if=/dev/zero of=/dev/null bs=8M count=1", &[]).await;
+    assert_eq!(modest.exit_code, 0, "{}", String::from_utf8_lossy(&modest.stderr));
+}
+
+/// Tries to start 100 background processes; dash aborts with "Cannot fork" at the limit.
+const FORK_100: &str = "i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done; echo reached $i; kill $(jobs -p)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pids_limit_stops_a_fork_bomb() {
+    let limited = sandbox(WorkspaceSpec { pids: 32, ..WorkspaceSpec::default() }).await;
+    let output = sh(&*limited.backend, FORK_100, &[]).await;
+    assert_ne!(output.exit_code, 0);
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("Cannot fork"),
+        "{:?}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.stdout.is_empty());
+    // The same with room to spare works: the limit, not something else, stopped it.
+    let roomy = sandbox(WorkspaceSpec { pids: 200, ..WorkspaceSpec::default() }).await;
+    let output = sh(&*roomy.backend, FORK_100, &[]).await;
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "reached 100\n", "{}", String::from_utf8_lossy(&output.stderr));
+    // The budget is per sandbox, not per host uid: two limited sandboxes at once both
+    // get their share.
+    let first = sh(&*limited.backend, "i=0; while [ $i -lt 20 ]; do sleep 2 & i=$((i+1)); done; wait; echo ok", &[]);
+    let second = sh(&*limited.backend, "i=0; while [ $i -lt 20 ]; do sleep 2 & i=$((i+1)); done; wait; echo ok", &[]);
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!((&first.stdout[..], &second.stdout[..]), (&b"ok\n"[..], &b"ok\n"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_size_limit_is_enforced() {
+    let sandbox = sandbox(WorkspaceSpec { file_size_bytes: 1024 * 1024, ..WorkspaceSpec::default() }).await;
+    let output = sh(&*sandbox.backend, "head -c 3000000 /dev/zero > big; echo status=$?", &[]).await;
+    // SIGXFSZ (25) kills the writer; the shell reports 128+25.
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "status=153\n");
+    assert_eq!(sandbox.backend.stat(&rel("big")).await.unwrap().size, 1024 * 1024);
+    let small = sh(&*sandbox.backend, "head -c 500000 /dev/zero > small", &[]).await;
+    assert_eq!(small.exit_code, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_time_limit_kills_a_busy_loop() {
+    let sandbox = sandbox(WorkspaceSpec { cpu_time_secs: 1, ..WorkspaceSpec::default() }).await;
+    let mut spec = shell("while :; do :; done");
+    spec.timeout = Duration::from_secs(120);
+    let output = sandbox.backend.exec(&spec).await.unwrap();
+    assert!(!output.timed_out, "the exec timeout ended it, not the CPU limit");
+    assert_eq!(output.signal, Some(nix::libc::SIGXCPU), "{output:?}");
+    assert_eq!(output.exit_code, -1);
+}
+
+// ---- process trees --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_kills_the_whole_sandbox_seen_from_the_host() {
+    let sandbox = sandbox(WorkspaceSpec::default()).await;
+    let seconds = marker("");
+    // A grandchild, one that left the process group, and the main process.
+    let script = format!("sleep 3{seconds} & setsid sleep 4{seconds} & sleep 5{seconds}");
+    let mut spec = shell(&script);
+    spec.timeout = Duration::from_secs(3);
+    let backend = sandbox.backend.clone();
+    let running = tokio::spawn(async move { backend.exec(&spec).await });
+    assert_eventually("all three sleeps to run", Duration::from_secs(20), || {
+        let count = sleepers(&seconds).len();
+        async move { count == 3 }
+    })
+    .await;
+    let output = running.await.unwrap().unwrap();
+    assert!(output.timed_out);
+    assert_eventually("every process of the timed-out sandbox to be gone", Duration::from_secs(10), || {
+        let left = host_processes_with(&seconds);
+        async move { left.is_empty() }
+    })
+    .await;
+    assert_eq!(sandbox.bubblewrap.running(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_stream_and_destroy_kill_sandboxes() {
+    let sandbox = sandbox(WorkspaceSpec::default()).await;
+    let seconds = marker("");
+    let stream = sandbox.backend.exec_stream(&shell(&format!("sleep 3{seconds} & sleep 4{seconds}"))).await.unwrap();
+    assert_eventually("the streamed sleeps to run", Duration::from_secs(20), || {
+        let count = sleepers(&seconds).len();
+        async move { count == 2 }
+    })
+    .await;
+    drop(stream);
+    assert_eventually("the dropped stream's sandbox to die", Duration::from_secs(10), || {
+        let left = host_processes_with(&seconds);
+        async move { left.is_empty() }
+    })
+    .await;
+
+    // A raw spawn nobody waits for dies with destroy.
+    let seconds = marker("");
+    let mut spawned = sandbox
+        .backend
+        .spawn(&berth_workspace::SpawnSpec::new(vec!["sleep".into(), format!("3{seconds}")]))
+        .await
+        .unwrap();
+    assert_eventually("the spawned sleep to run", Duration::from_secs(20), || {
+        let count = sleepers(&seconds).len();
+        async move { count == 1 }
+    })
+    .await;
+    assert_eq!(sandbox.bubblewrap.running(), 1);
+    sandbox.driver.destroy(&sandbox.id).await.unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(10), spawned.control.wait())
+        .await
+        .expect("the destroyed sandbox did not exit")
+        .unwrap();
+    assert_eq!(exit.signal, Some(9));
+    // bwrap is reaped; the namespace's own processes were killed with it and are gone
+    // as soon as the kernel has torn the namespace down.
+    assert_eventually("the destroyed sandbox's processes to be gone", Duration::from_secs(10), || {
+        let left = host_processes_with(&seconds);
+        async move { left.is_empty() }
+    })
+    .await;
+}
+
+// ---- cost ------------------------------------------------------------------------------
+
+/// Prints the median time of `true` three ways (run with `--nocapture`); no assertion,
+/// timings on a shared machine are not a test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_latency_report() {
+    use berth_backend_bubblewrap::sandbox::{MountTable, WorkspaceMounts, bwrap_args};
+    const RUNS: usize = 50;
+    let sandbox = sandbox(WorkspaceSpec::default()).await;
+    let config = sandbox.driver.config().clone();
+    let table = MountTable::inspect(&config).unwrap();
+    let mut direct_args = bwrap_args(&config, &table, &WorkspaceMounts { root: Some(&sandbox.root), network: false });
+    direct_args.extend(["--chdir", "/workspace", "--", "true"].map(Into::into));
+
+    let mut via_backend = Vec::with_capacity(RUNS);
+    let mut direct_bwrap = Vec::with_capacity(RUNS);
+    let mut direct_spawn = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let started = std::time::Instant::now();
+        let output = sandbox.backend.exec(&ExecSpec::new(vec!["true".into()])).await.unwrap();
+        via_backend.push(started.elapsed());
+        assert_eq!(output.exit_code, 0);
+
+        let mut command = tokio::process::Command::new(&config.bwrap_path);
+        command.args(&direct_args).env_clear().env("PATH", berth_backend_bubblewrap::DEFAULT_PATH);
+        if let Some((uid, gid)) = sandbox.driver.sandbox_user() {
+            command.uid(uid).gid(gid);
+        }
+        let started = std::time::Instant::now();
+        let status = command.status().await.unwrap();
+        direct_bwrap.push(started.elapsed());
+        assert!(status.success());
+
+        let started = std::time::Instant::now();
+        let status = tokio::process::Command::new("/bin/true").status().await.unwrap();
+        direct_spawn.push(started.elapsed());
+        assert!(status.success());
+    }
+    let median = |samples: &mut Vec<Duration>| {
+        samples.sort();
+        samples[samples.len() / 2]
+    };
+    eprintln!(
+        "median of {RUNS} runs of `true`: backend exec {:?}, direct bwrap {:?}, direct spawn {:?}",
+        median(&mut via_backend),
+        median(&mut direct_bwrap),
+        median(&mut direct_spawn)
+    );
+}

@@ -1,0 +1,460 @@
+//! [`DockerDriver`]: creates, starts, stops, removes and adopts workspace containers.
+//!
+//! Containers are found by label (`berth.node.id` + `berth.workspace.id`), never by an
+//! in-memory table, so every call is correct after an agent restart and two agents with
+//! different node ids never touch each other's containers. The container name (see
+//! [`container_name`]) only makes a concurrent second create fail with 409, after which the
+//! loser adopts the winner's container.
+//!
+//! File ownership: workspace processes run as [`DockerConfig::effective_user`]. A root
+//! agent gives the workspace root directory to that uid at provision (the directory only,
+//! not its contents: a recursive chown could be steered by symlinks the workspace planted);
+//! a non-root agent runs containers as itself, so the root is already its own. Nothing in
+//! the bind mount is written by root: execs start in the mount point itself (the daemon
+//! never creates a working directory there) and file I/O goes through exec, not the
+//! daemon's archive API. So after `destroy` every file left in the data directory is owned
+//! by the workspace uid and the agent can remove it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, ContainerSummary, ContainerSummaryStateEnum, HostConfig, Mount, MountType, ResourcesUlimits,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder,
+};
+
+use berth_workspace::backend::BackendRef;
+use berth_workspace::driver::{BackendDriver, ProvisionContext};
+use berth_workspace::error::{Result, WorkspaceError};
+use berth_workspace::id::WorkspaceId;
+use berth_workspace::spec::WorkspaceSpec;
+
+use super::config::{DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name};
+use super::container::ContainerHandle;
+use super::errors::{docker_error, is_not_found, status_code};
+use super::scripts::Scripts;
+use super::{BACKEND_NAME, DockerBackend};
+
+/// How often a provision that lost the create race looks for the winner's container.
+const CONFLICT_LOOKUPS: usize = 20;
+/// How often a start that got "no such container" tries again (about 1.3 s in all).
+const START_LOOKUPS: usize = 6;
+
+/// Creates and tears down workspace containers on one Docker engine.
+pub struct DockerDriver {
+    docker: Docker,
+    config: DockerConfig,
+    user: (u32, u32),
+}
+
+impl DockerDriver {
+    /// Connects to the local engine (`DOCKER_HOST` or `/var/run/docker.sock`), negotiates
+    /// the API version (Docker 20.10 speaks 1.41) and checks that it answers.
+    ///
+    /// Errors: `BackendUnavailable` when the daemon cannot be reached.
+    pub async fn connect(config: DockerConfig) -> Result<Self> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|error| docker_error("connecting to docker", error))?
+            .negotiate_version()
+            .await
+            .map_err(|error| docker_error("negotiating the docker API version", error))?;
+        docker.ping().await.map_err(|error| docker_error("pinging docker", error))?;
+        Self::with_client(docker, config)
+    }
+
+    /// A driver on an existing client (tests, a remote engine).
+    pub fn with_client(docker: Docker, config: DockerConfig) -> Result<Self> {
+        config.validate()?;
+        let user = config.effective_user();
+        Ok(Self { docker, config, user })
+    }
+
+    pub fn config(&self) -> &DockerConfig {
+        &self.config
+    }
+
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// uid:gid of workspace processes (and so of every file they create).
+    pub fn container_user(&self) -> (u32, u32) {
+        self.user
+    }
+
+    /// Every container of this node (all states), optionally only one workspace's.
+    async fn list(&self, workspace_id: Option<&WorkspaceId>) -> Result<Vec<ContainerSummary>> {
+        let mut labels = vec![format!("{NODE_LABEL}={}", self.config.node_id)];
+        if let Some(workspace_id) = workspace_id {
+            labels.push(format!("{WORKSPACE_LABEL}={workspace_id}"));
+        }
+        let filters = HashMap::from([("label".to_owned(), labels)]);
+        let options = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+        self.docker.list_containers(Some(options)).await.map_err(|error| docker_error("listing containers", error))
+    }
+
+    /// The container of a workspace; the newest if a crash ever left two.
+    async fn find(&self, workspace_id: &WorkspaceId) -> Result<Option<ContainerSummary>> {
+        let mut found = self.list(Some(workspace_id)).await?;
+        if found.len() > 1 {
+            tracing::warn!(ws_id = %workspace_id, count = found.len(), "several containers for one workspace; using the newest");
+        }
+        found.sort_by_key(|summary| std::cmp::Reverse(summary.created.unwrap_or_default()));
+        Ok(found.into_iter().next())
+    }
+
+    fn image_for(&self, spec: &WorkspaceSpec) -> String {
+        spec.image.clone().unwrap_or_else(|| self.config.default_image.clone())
+    }
+
+    /// Berth never pulls: a missing image is an operator error with a clear fix.
+    async fn ensure_image(&self, image: &str) -> Result<()> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(()),
+            Err(error) if is_not_found(&error) => Err(missing_image(image, &self.config)),
+            Err(error) => Err(docker_error("inspecting an image", error)),
+        }
+    }
+
+    async fn create(&self, context: &ProvisionContext<'_>) -> Result<String> {
+        let image = self.image_for(context.spec);
+        self.ensure_image(&image).await?;
+        let name = container_name(&self.config.node_id, context.workspace_id);
+        let body = container_body(&self.config, self.user, context, &image);
+        let options = CreateContainerOptionsBuilder::default().name(&name).build();
+        match self.docker.create_container(Some(options), body).await {
+            Ok(created) => {
+                tracing::info!(ws_id = %context.workspace_id, container = %name, %image, "created workspace container");
+                Ok(created.id)
+            }
+            // Another provision of the same workspace won the race: use its container. The
+            // daemon reserves the name before the container is listed, so look a few times.
+            Err(error) if status_code(&error) == Some(409) => {
+                let mut delay = Duration::from_millis(20);
+                for _ in 0..CONFLICT_LOOKUPS {
+                    if let Some(ContainerSummary { id: Some(id), .. }) = self.find(context.workspace_id).await? {
+                        return Ok(id);
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                Err(docker_error("creating a container", error))
+            }
+            Err(error) if is_not_found(&error) => Err(missing_image(&image, &self.config)),
+            Err(error) => Err(docker_error("creating a container", error)),
+        }
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(error) if is_not_found(&error) => Ok(()),
+            // 409: removal already in progress (a concurrent destroy).
+            Err(error) if status_code(&error) == Some(409) => Ok(()),
+            Err(error) => Err(docker_error("removing a container", error)),
+        }
+    }
+
+    /// The pids limit the container runs with (it may predate this agent's config).
+    async fn pids_limit(&self, id: &str) -> Result<Option<i64>> {
+        let inspected = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|error| docker_error("inspecting a container", error))?;
+        Ok(inspected.host_config.and_then(|host| host.pids_limit).filter(|limit| *limit > 0))
+    }
+
+    async fn start(&self, id: &str, state: Option<ContainerSummaryStateEnum>) -> Result<()> {
+        if state == Some(ContainerSummaryStateEnum::PAUSED) {
+            self.docker.unpause_container(id).await.map_err(|error| docker_error("unpausing a container", error))?;
+            return Ok(());
+        }
+        // A container created by a concurrent provision can be listed before the daemon has
+        // registered it for start (404 "No such container" for a moment): look again briefly.
+        let mut delay = Duration::from_millis(20);
+        let mut lookups = 0;
+        loop {
+            match self.docker.start_container(id, None).await {
+                // 304: already running.
+                Ok(()) => return Ok(()),
+                Err(error) if status_code(&error) == Some(304) => return Ok(()),
+                Err(error) if is_not_found(&error) && lookups < START_LOOKUPS => {
+                    lookups += 1;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                Err(error) => return Err(docker_error("starting a container", error)),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackendDriver for DockerDriver {
+    fn name(&self) -> &'static str {
+        BACKEND_NAME
+    }
+
+    async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef> {
+        context.spec.validate()?;
+        let root = context.root.to_path_buf();
+        let (uid, gid) = self.user;
+        tokio::task::spawn_blocking(move || prepare_root(&root, uid, gid)).await.map_err(|error| {
+            WorkspaceError::Backend { backend: BACKEND_NAME, message: format!("preparing the workspace root: {error}") }
+        })??;
+
+        let root_label = context.root.to_string_lossy().into_owned();
+        let existing = match self.find(context.workspace_id).await? {
+            Some(summary) => {
+                let same_root = summary
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(ROOT_LABEL))
+                    .is_some_and(|label| *label == root_label);
+                match (summary.id, same_root) {
+                    (Some(id), true) => Some((id, summary.state)),
+                    (Some(id), false) => {
+                        // The data directory moved: the old container mounts the wrong one.
+                        tracing::warn!(ws_id = %context.workspace_id, container = %id, "workspace container mounts another directory; recreating it");
+                        self.remove(&id).await?;
+                        None
+                    }
+                    (None, _) => None,
+                }
+            }
+            None => None,
+        };
+        let (id, state) = match existing {
+            Some(found) => found,
+            None => (self.create(&context).await?, None),
+        };
+        self.start(&id, state).await?;
+        let pids_limit = self.pids_limit(&id).await?;
+
+        let handle = ContainerHandle {
+            docker: self.docker.clone(),
+            container_name: container_name(&self.config.node_id, context.workspace_id),
+            container_id: id,
+            user: format!("{uid}:{gid}"),
+            scripts: Scripts::new(&self.config.mount_point),
+            pids_limit,
+        };
+        Ok(Arc::new(DockerBackend::new(Arc::new(handle), context.spec.env.clone())))
+    }
+
+    async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        for summary in self.list(Some(workspace_id)).await? {
+            let Some(id) = summary.id else { continue };
+            let options = StopContainerOptionsBuilder::default()
+                .t(self.config.stop_timeout.as_secs().min(i32::MAX as u64) as i32)
+                .build();
+            match self.docker.stop_container(&id, Some(options)).await {
+                Ok(()) => {}
+                Err(error) if matches!(status_code(&error), Some(304 | 404)) => {}
+                Err(error) => return Err(docker_error("stopping a container", error)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        for summary in self.list(Some(workspace_id)).await? {
+            if let Some(id) = summary.id {
+                self.remove(&id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn adopt(&self) -> Result<Vec<WorkspaceId>> {
+        let mut adopted = BTreeSet::new();
+        for summary in self.list(None).await? {
+            let Some(value) = summary.labels.as_ref().and_then(|labels| labels.get(WORKSPACE_LABEL)) else {
+                continue;
+            };
+            match WorkspaceId::new(value.clone()) {
+                Ok(id) => {
+                    adopted.insert(id);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "ignoring a container with an invalid workspace label")
+                }
+            }
+        }
+        Ok(adopted.into_iter().collect())
+    }
+
+    async fn is_running(&self, workspace_id: &WorkspaceId) -> bool {
+        matches!(
+            self.find(workspace_id).await,
+            Ok(Some(ContainerSummary { state: Some(ContainerSummaryStateEnum::RUNNING), .. }))
+        )
+    }
+}
+
+fn missing_image(image: &str, config: &DockerConfig) -> WorkspaceError {
+    let how = if image == config.default_image {
+        "build it with deploy/images/build-base.sh"
+    } else {
+        "build or load it on this node (Berth never pulls images)"
+    };
+    WorkspaceError::BackendUnavailable {
+        backend: BACKEND_NAME,
+        reason: format!("image {image:?} is not present on this node; {how}"),
+    }
+}
+
+/// Gives the workspace root directory (only it; see the module docs) to the container user.
+fn prepare_root(root: &Path, uid: u32, gid: u32) -> Result<()> {
+    let display = root.display().to_string();
+    // O_NOFOLLOW: the root itself must be a directory, not a symlink to one.
+    let directory = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+        .open(root)
+        .map_err(|error| WorkspaceError::from_io("open workspace root", &display, error))?;
+    let metadata =
+        directory.metadata().map_err(|error| WorkspaceError::from_io("stat workspace root", &display, error))?;
+    if (metadata.uid(), metadata.gid()) == (uid, gid) {
+        return Ok(());
+    }
+    std::os::unix::fs::fchown(&directory, Some(uid), Some(gid)).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::PermissionDenied {
+            WorkspaceError::BackendUnavailable {
+                backend: BACKEND_NAME,
+                reason: format!(
+                    "workspace root {display} is owned by {}:{}, the container runs as {uid}:{gid}, and this agent may not chown it (run the agent as that user or as root)",
+                    metadata.uid(),
+                    metadata.gid()
+                ),
+            }
+        } else {
+            WorkspaceError::from_io("chown workspace root", &display, error)
+        }
+    })
+}
+
+/// The container of one workspace (pure, so it can be unit-tested).
+fn container_body(
+    config: &DockerConfig,
+    (uid, gid): (u32, u32),
+    context: &ProvisionContext<'_>,
+    image: &str,
+) -> ContainerCreateBody {
+    let spec = context.spec;
+    let mut labels: HashMap<String, String> =
+        spec.labels.iter().map(|(key, value)| (format!("{SPEC_LABEL_PREFIX}{key}"), value.clone())).collect();
+    labels.insert(NODE_LABEL.to_owned(), config.node_id.clone());
+    labels.insert(WORKSPACE_LABEL.to_owned(), context.workspace_id.as_str().to_owned());
+    labels.insert(ROOT_LABEL.to_owned(), context.root.to_string_lossy().into_owned());
+
+    let or_default = |value: u64, default: u64| if value == 0 { default } else { value };
+    let memory = or_default(spec.memory_bytes, config.default_memory_bytes);
+    let cpu_millis = or_default(spec.cpu_millis.into(), config.default_cpu_millis.into());
+    let pids = or_default(spec.pids.into(), config.default_pids.into());
+    let limit = |value: u64| (value > 0).then(|| value.min(i64::MAX as u64) as i64);
+
+    let mut ulimits = Vec::new();
+    for (name, value) in [("fsize", spec.file_size_bytes), ("cpu", spec.cpu_time_secs.into())] {
+        if let Some(value) = limit(value) {
+            ulimits.push(ResourcesUlimits { name: Some(name.to_owned()), soft: Some(value), hard: Some(value) });
+        }
+    }
+    // A read-only root still needs a writable /tmp (tools, shells, sockets).
+    let tmpfs = spec.read_only_root.then(|| {
+        HashMap::from([("/tmp".to_owned(), format!("rw,nosuid,nodev,size={},mode=1777", config.tmp_size_bytes))])
+    });
+
+    let host_config = HostConfig {
+        mounts: Some(vec![Mount {
+            target: Some(config.mount_point.clone()),
+            source: Some(context.root.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(false),
+            ..Default::default()
+        }]),
+        network_mode: Some(if spec.network { "bridge" } else { "none" }.to_owned()),
+        cap_drop: Some(vec!["ALL".to_owned()]),
+        security_opt: Some(vec!["no-new-privileges".to_owned()]),
+        memory: limit(memory),
+        // Equal to memory: no swap, so the memory limit is a real limit.
+        memory_swap: limit(memory),
+        nano_cpus: limit(cpu_millis.saturating_mul(1_000_000)),
+        pids_limit: limit(pids),
+        readonly_rootfs: Some(spec.read_only_root),
+        tmpfs,
+        ulimits: (!ulimits.is_empty()).then_some(ulimits),
+        // docker-init as pid 1 reaps the orphans of killed execs.
+        init: Some(true),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(image.to_owned()),
+        // Keeps the container alive; every real process is an exec.
+        entrypoint: Some(vec!["sleep".to_owned()]),
+        cmd: Some(vec!["infinity".to_owned()]),
+        user: Some(format!("{uid}:{gid}")),
+        working_dir: Some(config.mount_point.clone()),
+        labels: Some(labels),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_is_locked_down_by_default() {
+        let config = DockerConfig::new("node-a");
+        let workspace_id = WorkspaceId::new("ws-1").unwrap();
+        let spec = WorkspaceSpec::default();
+        let context = ProvisionContext { workspace_id: &workspace_id, root: Path::new("/data/ws-1"), spec: &spec };
+        let body = container_body(&config, (1000, 1000), &context, "img");
+        let host = body.host_config.unwrap();
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(host.security_opt, Some(vec!["no-new-privileges".to_owned()]));
+        assert_eq!(host.pids_limit, Some(512));
+        assert_eq!(host.memory, host.memory_swap);
+        assert_eq!(host.nano_cpus, None);
+        assert_eq!(host.tmpfs, None);
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        let labels = body.labels.unwrap();
+        assert_eq!(labels[NODE_LABEL], "node-a");
+        assert_eq!(labels[WORKSPACE_LABEL], "ws-1");
+    }
+
+    #[test]
+    fn spec_overrides_defaults() {
+        let config = DockerConfig::new("node-a");
+        let workspace_id = WorkspaceId::new("ws-1").unwrap();
+        let spec = WorkspaceSpec {
+            network: true,
+            cpu_millis: 500,
+            memory_bytes: 64 << 20,
+            pids: 32,
+            read_only_root: true,
+            ..Default::default()
+        };
+        let context = ProvisionContext { workspace_id: &workspace_id, root: Path::new("/data/ws-1"), spec: &spec };
+        let host = container_body(&config, (1, 2), &context, "img").host_config.unwrap();
+        assert_eq!(host.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(host.nano_cpus, Some(500_000_000));
+        assert_eq!(host.memory, Some(64 << 20));
+        assert_eq!(host.pids_limit, Some(32));
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert!(host.tmpfs.unwrap().contains_key("/tmp"));
+    }
+}

@@ -1,0 +1,32 @@
+//! The `docker` backend: one container per workspace, driven through the Docker Engine API
+//! (bollard).
+//!
+//! - [`DockerDriver`] (`driver.rs`) creates, starts, stops, removes and adopts containers.
+//! - [`DockerBackend`] (`backend.rs`) implements the three primitives through Docker exec;
+//!   the derived operations come from `posix.rs`.
+//! - `process.rs`: spawn and kill of exec process trees. `files.rs`: confined, atomic
+//!   file I/O. `scripts/`: the shell side of both.
+//!
+//! Security posture (DESIGN.md §5): `network_mode=none` unless the spec asks for a network,
+//! all capabilities dropped, `no-new-privileges`, memory (without swap) / CPU / pids
+//! limits, an init process reaping orphans, processes running as an unprivileged uid.
+
+mod backend;
+mod config;
+mod container;
+mod driver;
+mod errors;
+mod files;
+mod kill;
+mod process;
+mod scripts;
+
+pub use backend::DockerBackend;
+pub use config::{
+    BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX,
+    WORKSPACE_LABEL, container_name,
+};
+pub use driver::DockerDriver;
+
+/// Name of the backend in logs, metric labels and errors.
+pub const BACKEND_NAME: &str = "docker";

@@ -1,5 +1,0 @@
-//! The registry conformance suite against the in-process registry.
-
-use berth_control_plane::registry::embedded::EmbeddedRegistry;
-
-berth_control_plane::registry_suite!(embedded, async { EmbeddedRegistry::new() });

@@ -1,0 +1,224 @@
+//! Starting one live MCP client: a stdio server spawned inside the workspace's sandbox
+//! through [`Backend::spawn`] (MCP over its stdin/stdout), or a streamable-HTTP server
+//! connected from the node agent.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::ClientConfig;
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{RoleClient, ServiceExt};
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::secrets::SecretStore;
+use berth_workspace::backend::{BackendRef, ExitInfo, SpawnSpec};
+use berth_workspace::error::{Result, WorkspaceError};
+use berth_workspace::id::WorkspaceId;
+use berth_workspace::mcp::config::{ConfigValue, McpServerConfig, McpTransport};
+use berth_workspace::path::RelPath;
+
+/// Bytes of a stdio server's stderr kept for error messages.
+/// Installs ring as the process's rustls provider unless one is installed already (the
+/// streamable-HTTP client needs one; DEPENDENCIES.md: one provider for the whole tree).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+const STDERR_TAIL_BYTES: usize = 4096;
+
+/// A connected MCP client and what keeps its server alive.
+pub struct LiveClient {
+    pub service: RunningService<RoleClient, ClientConfig>,
+    /// The declaration's binding when it started: a changed `.mcp` entry restarts it.
+    pub fingerprint: String,
+    pub process: Option<ServerProcess>,
+}
+
+impl LiveClient {
+    /// Whether the client can still take calls.
+    pub fn is_usable(&self) -> bool {
+        !self.service.is_closed()
+            && !self.service.peer().is_transport_closed()
+            && self.process.as_ref().is_none_or(|process| process.exit().is_none())
+    }
+
+    /// Why the server is gone, for an error message.
+    pub fn failure_detail(&self) -> String {
+        match &self.process {
+            Some(process) => process.describe(),
+            None => "the connection to the server closed".into(),
+        }
+    }
+}
+
+/// A stdio server's process: its exit (once it happened) and the tail of its stderr.
+/// Dropping it kills the process tree (the backend's `ProcessControl` drop contract).
+pub struct ServerProcess {
+    exit: Arc<Mutex<Option<ExitInfo>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    _stop: DropGuard,
+}
+
+impl ServerProcess {
+    pub fn exit(&self) -> Option<ExitInfo> {
+        *self.exit.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn describe(&self) -> String {
+        let status = match self.exit() {
+            Some(ExitInfo { code: Some(code), .. }) => format!("the server exited with code {code}"),
+            Some(ExitInfo { signal: Some(signal), .. }) => format!("the server was killed by signal {signal}"),
+            Some(_) => "the server exited".to_owned(),
+            None => "the connection to the server closed".to_owned(),
+        };
+        let stderr = self.stderr.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let tail = String::from_utf8_lossy(&stderr);
+        let tail = tail.trim();
+        if tail.is_empty() { status } else { format!("{status}; stderr: {tail}") }
+    }
+}
+
+/// Starts the server of `config` and completes the MCP handshake within `start_timeout`.
+pub async fn start(
+    backend: &BackendRef,
+    workspace: &WorkspaceId,
+    config: &McpServerConfig,
+    secrets: &SecretStore,
+    start_timeout: Duration,
+) -> Result<LiveClient> {
+    let binding = config.binding();
+    let failed = |reason: String| WorkspaceError::McpServerFailed { server: config.name.clone(), reason };
+    match &config.transport {
+        McpTransport::Stdio { command, args, env, cwd } => {
+            let mut spawn = SpawnSpec::new(std::iter::once(command.clone()).chain(args.iter().cloned()).collect());
+            spawn.cwd = RelPath::parse(cwd)?;
+            spawn.env =
+                resolve_all(workspace, env, secrets, &binding).await.map_err(|error| failed(error.to_string()))?;
+            let spawned = backend.spawn(&spawn).await.map_err(|error| match error {
+                WorkspaceError::SpawnFailed { .. } => failed(error.to_string()),
+                other => other,
+            })?;
+            let process = watch(spawned.control, spawned.stderr);
+            let transport = AsyncRwTransport::new_client(spawned.stdout, spawned.stdin);
+            let handshake = tokio::time::timeout(start_timeout, ClientConfig::default().serve(transport)).await;
+            let service = match handshake {
+                Ok(Ok(service)) => service,
+                Ok(Err(error)) => {
+                    // Give a dying process a moment to be reaped, so the message says why.
+                    let _ = tokio::time::timeout(Duration::from_millis(200), wait_exit(&process)).await;
+                    return Err(failed(format!("initialize failed: {error}; {}", process.describe())));
+                }
+                Err(_) => {
+                    return Err(WorkspaceError::Timeout {
+                        operation: "mcp server start",
+                        millis: start_timeout.as_millis() as u64,
+                    });
+                }
+            };
+            Ok(LiveClient { service, fingerprint: binding, process: Some(process) })
+        }
+        McpTransport::Http { url, headers } => {
+            install_crypto_provider();
+            let resolved =
+                resolve_all(workspace, headers, secrets, &binding).await.map_err(|error| failed(error.to_string()))?;
+            let mut custom = HashMap::new();
+            for (name, value) in resolved {
+                let name = http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| failed(format!("header name {name:?} is not valid")))?;
+                let value = http::HeaderValue::from_str(&value)
+                    .map_err(|_| failed(format!("value of header {name} is not valid")))?;
+                custom.insert(name, value);
+            }
+            let transport = StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url.clone()).custom_headers(custom),
+            );
+            let service = match tokio::time::timeout(start_timeout, ClientConfig::default().serve(transport)).await {
+                Ok(Ok(service)) => service,
+                Ok(Err(error)) => return Err(failed(format!("initialize failed: {error}"))),
+                Err(_) => {
+                    return Err(WorkspaceError::Timeout {
+                        operation: "mcp server start",
+                        millis: start_timeout.as_millis() as u64,
+                    });
+                }
+            };
+            Ok(LiveClient { service, fingerprint: binding, process: None })
+        }
+    }
+}
+
+async fn resolve_all(
+    workspace: &WorkspaceId,
+    values: &BTreeMap<String, ConfigValue>,
+    secrets: &SecretStore,
+    binding: &str,
+) -> Result<BTreeMap<String, String>> {
+    let mut resolved = BTreeMap::new();
+    for (key, value) in values {
+        let text = match value {
+            ConfigValue::Plain(text) => text.clone(),
+            ConfigValue::Secret { secret_ref } => secrets.resolve(workspace, secret_ref, binding).await?,
+        };
+        resolved.insert(key.clone(), text);
+    }
+    Ok(resolved)
+}
+
+/// Watches a stdio server: records its exit, keeps the tail of its stderr, and kills the
+/// tree when the returned value is dropped.
+fn watch(
+    mut control: Box<dyn berth_workspace::backend::ProcessControl>,
+    mut stderr: berth_workspace::backend::BoxedReader,
+) -> ServerProcess {
+    let exit = Arc::new(Mutex::new(None));
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let stop = CancellationToken::new();
+    let recorded = Arc::clone(&exit);
+    let cancelled = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            status = control.wait() => {
+                if let Ok(status) = status {
+                    *recorded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(status);
+                }
+            }
+            () = cancelled.cancelled() => {}
+        }
+        // Dropping an un-reaped control kills the process tree.
+        drop(control);
+    });
+    let kept = Arc::clone(&tail);
+    let cancelled = stop.clone();
+    tokio::spawn(async move {
+        let mut buffer = vec![0u8; 4096];
+        loop {
+            let read = tokio::select! {
+                read = stderr.read(&mut buffer) => read,
+                () = cancelled.cancelled() => return,
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(read) => {
+                    let mut tail = kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    tail.extend_from_slice(&buffer[..read]);
+                    if tail.len() > STDERR_TAIL_BYTES {
+                        let excess = tail.len() - STDERR_TAIL_BYTES;
+                        tail.drain(..excess);
+                    }
+                }
+            }
+        }
+    });
+    ServerProcess { exit, stderr: tail, _stop: stop.drop_guard() }
+}
+
+async fn wait_exit(process: &ServerProcess) {
+    while process.exit().is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
