@@ -51,7 +51,12 @@ impl MachineInfo {
             git_dirty,
             etcd_version,
             docker_version,
-            berth_binary: berth_binary.display().to_string(),
+            // Relative to the repository, so a committed report names no machine's paths.
+            berth_binary: berth_binary
+                .strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+                .unwrap_or(berth_binary)
+                .display()
+                .to_string(),
         }
     }
 }
