@@ -52,8 +52,9 @@ impl MachineInfo {
             etcd_version,
             docker_version,
             // Relative to the repository, so a committed report names no machine's paths.
-            berth_binary: berth_binary
-                .strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            berth_binary: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .and_then(|root| berth_binary.strip_prefix(root).ok())
                 .unwrap_or(berth_binary)
                 .display()
                 .to_string(),
