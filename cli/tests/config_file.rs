@@ -1,6 +1,7 @@
 //! `--config FILE` of the server commands: the real `berth` binary for precedence and
 //! refusals (flag > env > file > default; a bad file stops it before anything starts),
-//! and the library parser for what every key maps to.
+//! the library parser for what every key maps to, and every example config under
+//! `deploy/` loaded with the same loader.
 //!
 //! The binary tests use `berth up` and a `listen` address whose port is not a number: the
 //! process fails at its bind with `listening on <address>`, which shows which setting won
@@ -219,4 +220,57 @@ fn lists_fill_repeatable_flags() {
         args.common.labels.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
     assert_eq!(labels, [("zone", "a"), ("disk", "ssd")]);
     assert_eq!(args.data_dir, Path::new("/var/lib/berth"));
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every `*.toml` under `deploy/` except generated secrets.
+fn example_configs(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|error| panic!("{}: {error}", dir.display())) {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|name| name != "secrets") {
+                example_configs(&path, found);
+            }
+        } else if path.extension().is_some_and(|extension| extension == "toml") {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_example_config_under_deploy_loads_for_its_command() {
+    let mut configs = Vec::new();
+    example_configs(&repo_root().join("deploy"), &mut configs);
+    configs.sort();
+    assert!(configs.len() >= 6, "compose, kubernetes and systemd each have two: {configs:?}");
+    for path in configs {
+        // The file is named after the command it configures.
+        let command = path.file_stem().and_then(|stem| stem.to_str()).expect("file name");
+        assert!(
+            SERVER_COMMANDS.contains(&command),
+            "{}: name it after its command {SERVER_COMMANDS:?}",
+            path.display()
+        );
+        let parsed = parse_from::<berth::Cli>(["berth", command, "--config", path.to_str().expect("utf-8")]);
+        if let Err(error) = parsed {
+            panic!("{}: {error}", path.display());
+        }
+    }
+}
+
+#[test]
+fn the_systemd_units_read_the_example_configs() {
+    let dir = repo_root().join("deploy/systemd");
+    for (unit, command) in
+        [("berth-control-plane.service", "control-plane"), ("berth-node-agent.service", "node-agent")]
+    {
+        let text = std::fs::read_to_string(dir.join(unit)).expect("unit file");
+        let exec = text.lines().find(|line| line.starts_with("ExecStart=")).expect("ExecStart");
+        let expected = format!("ExecStart=/usr/local/bin/berth {command} --config /etc/berth/{command}.toml");
+        assert_eq!(exec, expected, "{unit}");
+        assert!(dir.join(format!("{command}.toml")).is_file(), "deploy/systemd/{command}.toml");
+    }
 }
