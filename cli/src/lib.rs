@@ -3,11 +3,12 @@
 //!
 //! Client commands talk to a control plane over gRPC (`client.rs`) and print through
 //! `output.rs`; server commands (`berth up`, `control-plane`, `node-agent`) live in
-//! `commands/server.rs`. Every command returns the process exit code instead of exiting,
-//! so `berth exec`'s exit-code mapping is testable without spawning a process.
+//! `commands/server/`; `config_file.rs` fills their flags from `--config FILE`. Every
+//! command returns the process exit code instead of exiting, so `berth exec`'s exit-code mapping is testable without spawning a process.
 
 pub mod client;
 pub mod commands;
+pub mod config_file;
 pub mod format;
 pub mod io;
 pub mod output;

@@ -4,11 +4,19 @@
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
-use clap::Parser;
+use berth::config_file::ParseError;
 
 fn main() -> ExitCode {
-    // Usage errors, --help and --version exit here (2 for usage errors, 0 otherwise).
-    let cli = berth::Cli::parse();
+    // Usage errors, --help and --version exit here (2 for usage errors, 0 otherwise); so does
+    // a --config file that cannot be used, before anything starts.
+    let cli = match berth::config_file::parse_from::<berth::Cli>(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(ParseError::Usage(error)) => error.exit(),
+        Err(ParseError::ConfigFile(error)) => {
+            let _ = writeln!(std::io::stderr(), "error: {error}");
+            return ExitCode::from(2);
+        }
+    };
     // ring is the one crypto provider of the tree (DEPENDENCIES.md); installed once, before
     // any TLS config is built. An error means one is installed already, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -42,6 +42,8 @@ pub struct ControlPlaneArgs {
     #[arg(long, env = "BERTH_NODE_CLIENT_KEY", requires = "node_client_cert")]
     pub node_client_key: Option<PathBuf>,
     #[command(flatten)]
+    pub config: super::ConfigFlag,
+    #[command(flatten)]
     pub common: ReplicaFlags,
     #[command(flatten)]
     pub telemetry: crate::telemetry::TelemetryFlags,

@@ -6,12 +6,23 @@ mod control_plane;
 mod node_agent;
 mod up;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use control_plane::{ControlPlaneArgs, control_plane};
 pub use node_agent::{NodeAgentArgs, node_agent};
 use tokio_util::sync::CancellationToken;
 pub use up::{UpArgs, up};
+
+/// `--config` of every server command. Read by `config_file::parse_from` before the real
+/// parse; the commands themselves never look at it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigFlag {
+    /// TOML file of settings: each key is a long flag without the dashes (`idle-ttl = "30s"`,
+    /// `etcd = ["http://a:2379", "http://b:2379"]`); flags and BERTH_* variables win over it.
+    #[arg(long = "config", id = crate::config_file::CONFIG_ARG_ID, env = "BERTH_CONFIG", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+}
 
 /// A token cancelled on the first Ctrl-C or SIGTERM.
 pub(crate) fn shutdown_on_signal() -> CancellationToken {

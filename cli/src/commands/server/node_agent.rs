@@ -48,6 +48,8 @@ pub struct NodeAgentArgs {
     #[arg(long, env = "BERTH_CONTROL_PLANE_CA_CERT")]
     pub control_plane_ca_cert: Option<PathBuf>,
     #[command(flatten)]
+    pub config: super::ConfigFlag,
+    #[command(flatten)]
     pub common: NodeFlags,
     #[command(flatten)]
     pub telemetry: crate::telemetry::TelemetryFlags,

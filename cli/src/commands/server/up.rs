@@ -28,6 +28,8 @@ pub struct UpArgs {
     #[arg(long, env = "BERTH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     #[command(flatten)]
+    pub config: super::ConfigFlag,
+    #[command(flatten)]
     pub replica: ReplicaFlags,
     #[command(flatten)]
     pub node: NodeFlags,
