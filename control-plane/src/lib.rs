@@ -17,6 +17,7 @@ pub mod placement;
 pub mod policy;
 pub mod records;
 pub mod registry;
+pub mod registry_metrics;
 pub mod router;
 pub mod server;
 pub mod service;

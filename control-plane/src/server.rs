@@ -37,6 +37,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
+    // Every registry call of this replica is timed (etcd only; see `registry_metrics`).
+    let registry = crate::registry_metrics::metered(registry);
     let local_address = listener.local_addr().map_err(ServeError::Io)?;
     config.check_listener(local_address).map_err(ServeError::Config)?;
     if config.advertise_address.is_empty() {
