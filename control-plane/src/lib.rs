@@ -21,6 +21,7 @@ pub mod registry_metrics;
 pub mod router;
 pub mod server;
 pub mod service;
+pub mod store;
 pub mod sweeper;
 pub mod view;
 
