@@ -18,15 +18,16 @@
 //! Using it from a handler is one line: `let (id, record) = self.access.workspace(&caller,
 //! &message.workspace_id, Action::Use).await?;` with `let caller = Caller::of(&request)?;`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use berth_workspace::{WorkspaceId, validate_id};
 use tonic::Status;
 
+pub use crate::auth::Caller;
 use crate::auth::Principal;
-use crate::binding::Binder;
 use crate::error::ControlPlaneError;
 use crate::records::{SessionRecord, WorkspaceRecord};
+use crate::store::WorkspaceStoreRef;
 
 /// What a call does to a workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,47 +38,6 @@ pub enum Action {
     Use,
     /// Change who has it or whether it exists: close, destroy, share, unshare.
     Manage,
-}
-
-/// The authenticated caller of one request, put in the request extensions by the auth
-/// layer. Also carries the workspace the call touched back to the layer's audit line.
-#[derive(Clone, Debug)]
-pub struct Caller(Arc<CallerInner>);
-
-#[derive(Debug)]
-struct CallerInner {
-    principal: Principal,
-    workspace: Mutex<Option<String>>,
-}
-
-impl Caller {
-    pub fn new(principal: Principal) -> Self {
-        Self(Arc::new(CallerInner { principal, workspace: Mutex::new(None) }))
-    }
-
-    /// The caller of a request. Fails closed: a request that did not pass the auth layer
-    /// (a server built without it) is UNAUTHENTICATED.
-    pub fn of<T>(request: &tonic::Request<T>) -> Result<Caller, Status> {
-        request
-            .extensions()
-            .get::<Caller>()
-            .cloned()
-            .ok_or_else(|| Status::unauthenticated("no authenticated caller on this request"))
-    }
-
-    pub fn principal(&self) -> &Principal {
-        &self.0.principal
-    }
-
-    /// Records the workspace this call is about (for the audit line and the request span).
-    pub fn note_workspace(&self, workspace_id: &str) {
-        berth_proto::trace::record_workspace(workspace_id);
-        *self.0.workspace.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(workspace_id.to_owned());
-    }
-
-    pub fn workspace(&self) -> Option<String> {
-        self.0.workspace.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
-    }
 }
 
 /// Why a principal may not do something.
@@ -93,14 +53,20 @@ pub enum Denied {
     Forbidden { principal: String, what: String },
 }
 
+impl From<Denied> for ControlPlaneError {
+    fn from(denied: Denied) -> ControlPlaneError {
+        match denied {
+            // The same status as a missing workspace / session, byte for byte.
+            Denied::Hidden(id) => ControlPlaneError::WorkspaceNotFound(id),
+            Denied::HiddenSession(id) => ControlPlaneError::SessionNotFound(id),
+            Denied::Forbidden { principal, what } => ControlPlaneError::PermissionDenied { principal, what },
+        }
+    }
+}
+
 impl From<Denied> for Status {
     fn from(denied: Denied) -> Status {
-        match denied {
-            // The same status as ControlPlaneError::WorkspaceNotFound, byte for byte.
-            Denied::Hidden(id) => ControlPlaneError::WorkspaceNotFound(id).into(),
-            Denied::HiddenSession(id) => ControlPlaneError::SessionNotFound(id).into(),
-            Denied::Forbidden { .. } => Status::permission_denied(denied.to_string()),
-        }
+        ControlPlaneError::from(denied).into()
     }
 }
 
@@ -145,14 +111,15 @@ pub fn require_admin(principal: &Principal) -> Result<(), Denied> {
 /// The user a CreateSession-like call is made for. `requested` is the request body's
 /// `user_id` (empty = none). A principal that may act for users names the user (body or
 /// `x-berth-act-as`); any other principal is its own user and may only repeat its name.
-pub fn user_for(principal: &Principal, requested: &str) -> Result<String, Status> {
+pub fn user_for(principal: &Principal, requested: &str) -> Result<String, ControlPlaneError> {
     let user = if principal.may_act_for_users() {
         match (&principal.acting_for, requested) {
             (Some(acting), "") => acting.clone(),
             (Some(acting), requested) if acting != requested => {
-                return Err(Status::invalid_argument(format!(
-                    "user_id {requested:?} differs from the x-berth-act-as user {acting:?}"
-                )));
+                return Err(ControlPlaneError::ActAsMismatch {
+                    requested: requested.to_owned(),
+                    acting: acting.clone(),
+                });
             }
             (_, requested) => requested.to_owned(),
         }
@@ -163,19 +130,19 @@ pub fn user_for(principal: &Principal, requested: &str) -> Result<String, Status
             Denied::Forbidden { principal: principal.label(), what: format!("act for user {requested}") }.into()
         );
     };
-    validate_id("user id", &user).map_err(ControlPlaneError::from)?;
+    validate_id("user id", &user)?;
     Ok(user)
 }
 
 /// Record lookup + [`authorize`] for handlers.
 #[derive(Clone)]
 pub struct Access {
-    binder: Arc<Binder>,
+    store: WorkspaceStoreRef,
 }
 
 impl Access {
-    pub fn new(binder: Arc<Binder>) -> Self {
-        Self { binder }
+    pub fn new(store: WorkspaceStoreRef) -> Self {
+        Self { store }
     }
 
     /// Validates the id, loads the record and checks `action`. A missing workspace and an
@@ -185,8 +152,8 @@ impl Access {
         caller: &Caller,
         workspace_id: &str,
         action: Action,
-    ) -> Result<(WorkspaceId, Arc<WorkspaceRecord>), Status> {
-        let id = WorkspaceId::new(workspace_id).map_err(ControlPlaneError::from)?;
+    ) -> Result<(WorkspaceId, Arc<WorkspaceRecord>), ControlPlaneError> {
+        let id = WorkspaceId::new(workspace_id)?;
         caller.note_workspace(id.as_str());
         let record = self.record(&id).await?.ok_or_else(|| ControlPlaneError::WorkspaceNotFound(id.to_string()))?;
         match authorize(caller.principal(), &record, action) {
@@ -194,9 +161,8 @@ impl Access {
             // The view may predate a share made through another replica: before saying
             // NOT_FOUND, look at the registry itself (denials are rare; grants are not).
             Err(Denied::Hidden(_)) => {
-                let (found, _) = self.binder.read_record(&self.binder.keys.workspace(&id)).await?;
-                let Some((fresh, _)) = found else {
-                    return Err(ControlPlaneError::WorkspaceNotFound(id.to_string()).into());
+                let Some(fresh) = self.store.load(&id).await? else {
+                    return Err(ControlPlaneError::WorkspaceNotFound(id.to_string()));
                 };
                 authorize(caller.principal(), &fresh, action)?;
                 Ok((id, Arc::new(fresh)))
@@ -207,12 +173,11 @@ impl Access {
 
     /// The record from the view, else a linearizable read (a workspace created a moment ago
     /// through another replica may not be in this replica's view yet).
-    pub async fn record(&self, workspace_id: &WorkspaceId) -> Result<Option<Arc<WorkspaceRecord>>, Status> {
-        if let Some(entry) = self.binder.view.workspace(workspace_id.as_str()) {
-            return Ok(Some(entry.record));
+    pub async fn record(&self, workspace_id: &WorkspaceId) -> Result<Option<Arc<WorkspaceRecord>>, ControlPlaneError> {
+        if let Some(record) = self.store.cached(workspace_id) {
+            return Ok(Some(record));
         }
-        let (found, _) = self.binder.read_record(&self.binder.keys.workspace(workspace_id)).await?;
-        Ok(found.map(|(record, _)| Arc::new(record)))
+        Ok(self.store.load(workspace_id).await?.map(Arc::new))
     }
 }
 
@@ -283,12 +248,15 @@ mod tests {
         let alice = Principal::new("alice", Role::User);
         assert_eq!(user_for(&alice, "").unwrap(), "alice");
         assert_eq!(user_for(&alice, "alice").unwrap(), "alice");
-        assert_eq!(user_for(&alice, "bob").unwrap_err().code(), tonic::Code::PermissionDenied);
+        assert_eq!(Status::from(user_for(&alice, "bob").unwrap_err()).code(), tonic::Code::PermissionDenied);
         assert_eq!(user_for(&acting("svc", "bob"), "").unwrap(), "bob");
-        assert_eq!(user_for(&acting("svc", "bob"), "carol").unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            Status::from(user_for(&acting("svc", "bob"), "carol").unwrap_err()).code(),
+            tonic::Code::InvalidArgument
+        );
         let service = Principal::new("svc", Role::Service { act_for_users: true });
         assert_eq!(user_for(&service, "carol").unwrap(), "carol");
-        assert_eq!(user_for(&service, "").unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(Status::from(user_for(&service, "").unwrap_err()).code(), tonic::Code::InvalidArgument);
         assert_eq!(user_for(&Principal::local(), "dave").unwrap(), "dave");
     }
 }

@@ -9,6 +9,9 @@
 //!    the lock's revision: READY or FAILED ends the wait, a deleted lock means "compete
 //!    again".
 //! 3. Every step runs under the bind deadline; the lock is released on every path.
+//!
+//! The binder owns single-flight and provisioning only: records, locks and view reads go
+//! through the injected [`WorkspaceStore`](crate::store::WorkspaceStore).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,22 +19,19 @@ use std::time::Duration;
 
 use berth_proto::v1;
 use berth_workspace::{WorkspaceId, WorkspaceSpec};
-use bytes::Bytes;
+use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use crate::config::ControlPlaneConfig;
 use crate::error::{ControlPlaneError, Result};
-use crate::keys::Keys;
-use crate::lease::ReplicaLease;
 use crate::metrics;
 use crate::node_client::{NodeClients, node_request};
 use crate::placement::Placement;
 use crate::policy::IsolationPolicy;
-use crate::records::{self, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
-use crate::registry::{Compare, KeyValue, RegistryRef, Txn, TxnOp, WatchEvent};
-use crate::view::{EffectiveState, ReplicaView};
+use crate::records::{RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
+use crate::store::{HolderOutcome, Lock, LockFence, WorkspaceStoreRef};
+use crate::view::ReplicaView;
 
 /// What a new workspace is made of (ignored when the record already exists).
 #[derive(Clone, Debug)]
@@ -71,16 +71,17 @@ pub struct BindStats {
     pub provisioned: std::sync::atomic::AtomicU64,
 }
 
+/// Single-flight and provisioning. Every record, lock and view access goes through the
+/// injected [`WorkspaceStore`](crate::store::WorkspaceStore); the view handle here is only
+/// for placement (live nodes and their load).
 pub struct Binder {
-    pub(crate) registry: RegistryRef,
-    pub(crate) keys: Keys,
-    pub(crate) view: Arc<ReplicaView>,
-    pub(crate) lease: Arc<ReplicaLease>,
-    pub(crate) nodes: Arc<NodeClients>,
-    pub(crate) placement: Placement,
-    pub(crate) config: ControlPlaneConfig,
+    store: WorkspaceStoreRef,
+    placement_view: Arc<ReplicaView>,
+    nodes: Arc<NodeClients>,
+    placement: Placement,
+    config: ControlPlaneConfig,
     inflight: Mutex<HashMap<WorkspaceId, SharedBind>>,
-    pub stats: BindStats,
+    stats: BindStats,
 }
 
 enum Observed {
@@ -90,25 +91,16 @@ enum Observed {
     NotReady(Option<Box<WorkspaceRecord>>),
 }
 
-enum WaitOutcome {
-    Record(Box<WorkspaceRecord>),
-    LockReleased,
-}
-
 impl Binder {
     pub fn new(
-        registry: RegistryRef,
-        keys: Keys,
-        view: Arc<ReplicaView>,
-        lease: Arc<ReplicaLease>,
+        store: WorkspaceStoreRef,
+        placement_view: Arc<ReplicaView>,
         nodes: Arc<NodeClients>,
         config: ControlPlaneConfig,
     ) -> Self {
         Self {
-            registry,
-            keys,
-            view,
-            lease,
+            store,
+            placement_view,
             nodes,
             placement: Placement::new(),
             config,
@@ -117,13 +109,17 @@ impl Binder {
         }
     }
 
+    /// What binds on this replica did so far.
+    pub fn stats(&self) -> &BindStats {
+        &self.stats
+    }
+
     /// Returns the workspace READY on a live node, binding it if needed.
     pub async fn ensure_ready(self: &Arc<Self>, request: BindRequest) -> Result<Arc<WorkspaceRecord>> {
-        if let Some(entry) = self.view.workspace(request.workspace_id.as_str())
-            && self.view.effective_state(&entry.record) == EffectiveState::Ready
-            && Some(entry.record.generation) != request.replace_generation
+        if let Some(record) = self.store.cached_ready(&request.workspace_id)
+            && Some(record.generation) != request.replace_generation
         {
-            return Ok(entry.record);
+            return Ok(record);
         }
         let shared = {
             let mut inflight = self.inflight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -176,7 +172,6 @@ impl Binder {
     async fn bind_until_done(&self, request: &BindRequest, deadline: Instant) -> Result<Arc<WorkspaceRecord>> {
         use std::sync::atomic::Ordering::Relaxed;
         let workspace_id = &request.workspace_id;
-        let lock_key = self.keys.lock(workspace_id);
         let mut backoff = Duration::from_millis(20);
         // Set when a holder we waited for let go of the lock without a result (it died or
         // stalled): winning the lock afterwards is a take-over.
@@ -189,8 +184,8 @@ impl Binder {
             if current.is_none() && request.create.is_none() {
                 return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
             }
-            match self.acquire_lock(workspace_id).await? {
-                Ok(fence) => {
+            match self.store.acquire_lock(workspace_id).await? {
+                Lock::Ours(fence) => {
                     self.stats.won.fetch_add(1, Relaxed);
                     metrics::bind_won();
                     if holder_vanished {
@@ -207,21 +202,21 @@ impl Binder {
                         }),
                     };
                     if outcome.is_err() {
-                        self.release_lock(&lock_key, fence).await;
+                        self.store.release_lock(workspace_id, fence).await;
                     }
                     return outcome;
                 }
-                Err(lock) => {
+                Lock::Held(lock) => {
                     self.stats.waited.fetch_add(1, Relaxed);
                     metrics::bind_waited();
-                    match self.wait_for_holder(workspace_id, &lock).await? {
-                        WaitOutcome::Record(record) => match record.state {
+                    match self.store.wait_for_holder(workspace_id, &lock).await? {
+                        HolderOutcome::Record(record) => match record.state {
                             StoredState::Ready
                                 if Some(record.generation) != request.replace_generation
                                     && record
                                         .node_id
                                         .as_deref()
-                                        .is_some_and(|node| self.view.node_holds_workspaces(node)) =>
+                                        .is_some_and(|node| self.store.node_holds_workspaces(node)) =>
                             {
                                 return Ok(Arc::from(record));
                             }
@@ -233,7 +228,7 @@ impl Binder {
                             }
                             _ => {}
                         },
-                        WaitOutcome::LockReleased => holder_vanished = true,
+                        HolderOutcome::LockReleased => holder_vanished = true,
                     }
                     // Compete again, with a little jitter so released waiters do not stampede.
                     if Instant::now() + backoff >= deadline {
@@ -248,47 +243,28 @@ impl Binder {
 
     /// A linearizable read of the record, folded into the view.
     async fn observe(&self, workspace_id: &WorkspaceId, replace_generation: Option<u64>) -> Result<Observed> {
-        let key = self.keys.workspace(workspace_id);
-        let (found, revision) = self.read_record(&key).await?;
-        match found {
-            Some((record, _)) => {
+        match self.store.load(workspace_id).await? {
+            Some(record) => {
                 let usable = record.state == StoredState::Ready
                     && Some(record.generation) != replace_generation
-                    && record.node_id.as_deref().is_some_and(|node| self.view.node_holds_workspaces(node));
+                    && record.node_id.as_deref().is_some_and(|node| self.store.node_holds_workspaces(node));
                 if usable {
                     Ok(Observed::Ready(Arc::new(record)))
                 } else {
                     Ok(Observed::NotReady(Some(Box::new(record))))
                 }
             }
-            None => {
-                self.view.workspaces.apply_delete(&key, revision);
-                Ok(Observed::NotReady(None))
-            }
+            None => Ok(Observed::NotReady(None)),
         }
     }
 
-    /// Reads a workspace record linearizably and refreshes the view with it. Returns the
-    /// record with its mod revision, and a revision at which absence was observed.
-    pub(crate) async fn read_record(&self, key: &str) -> Result<(Option<(WorkspaceRecord, i64)>, i64)> {
-        let response = self.registry.txn(Txn::new().and_then([TxnOp::get(key)])).await?;
-        match response.first_get() {
-            Some(kv) => {
-                self.view.workspaces.apply_put(kv);
-                let record = records::decode::<WorkspaceRecord>(key, &kv.value)?;
-                Ok((Some((record, kv.mod_revision)), response.revision))
-            }
-            None => Ok((None, response.revision)),
-        }
-    }
-
-    async fn bind_under_lock(&self, request: &BindRequest, fence: i64) -> Result<Arc<WorkspaceRecord>> {
+    async fn bind_under_lock(&self, request: &BindRequest, fence: LockFence) -> Result<Arc<WorkspaceRecord>> {
         use std::sync::atomic::Ordering::Relaxed;
         let workspace_id = &request.workspace_id;
         // Double-check: another replica may have finished between our read and our lock.
         let current = match self.observe(workspace_id, request.replace_generation).await? {
             Observed::Ready(record) => {
-                self.release_lock(&self.keys.lock(workspace_id), fence).await;
+                self.store.release_lock(workspace_id, fence).await;
                 return Ok(record);
             }
             Observed::NotReady(current) => current,
@@ -314,14 +290,14 @@ impl Binder {
                 shared_with: Vec::new(),
             },
             (None, None) => {
-                self.release_lock(&self.keys.lock(workspace_id), fence).await;
+                self.store.release_lock(workspace_id, fence).await;
                 return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
             }
         };
         let (node_id, generation, provisioned) = self.place_and_provision(&record).await?;
         record.generation = generation;
         record.updated_at_ms = now_ms();
-        record.changed_by = self.config.replica_id.clone();
+        record.changed_by = self.store.replica_id().to_owned();
         let outcome = match provisioned {
             Ok(backend) => {
                 record.state = StoredState::Ready;
@@ -337,7 +313,7 @@ impl Binder {
                 Err(error)
             }
         };
-        self.write_fenced(workspace_id, &record, fence).await?;
+        self.store.write_fenced(&record, fence).await?;
         outcome.map(|()| Arc::new(record))
     }
 
@@ -353,7 +329,7 @@ impl Binder {
         loop {
             // Prefer the node that holds the data (an IDLE workspace wakes where it slept).
             let node = self.placement.choose(
-                &self.view,
+                &self.placement_view,
                 record.id.as_str(),
                 &record.backend,
                 &record.spec.labels,
@@ -407,132 +383,4 @@ impl Binder {
             }),
         }
     }
-
-    /// Writes the record and deletes the lock in one transaction, only if we still hold the
-    /// lock we took (its create revision is the fence).
-    pub(crate) async fn write_fenced(
-        &self,
-        workspace_id: &WorkspaceId,
-        record: &WorkspaceRecord,
-        fence: i64,
-    ) -> Result<()> {
-        let lock_key = self.keys.lock(workspace_id);
-        let response = self
-            .registry
-            .txn(Txn::new().when([Compare::create_revision(&lock_key, fence)]).and_then([
-                TxnOp::put(self.keys.workspace(workspace_id), records::encode(record)),
-                TxnOp::delete(&lock_key),
-            ]))
-            .await?;
-        if !response.succeeded {
-            return Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() });
-        }
-        Ok(())
-    }
-
-    /// Deletes the lock if it is still ours. When etcd does not answer, the release is
-    /// retried in the background: the lock hangs on this replica's lease, which lives as long
-    /// as the replica does, so a lock left behind would make every bind of the workspace, on
-    /// every replica, wait for this replica to die.
-    pub(crate) async fn release_lock(&self, lock_key: &str, fence: i64) {
-        let txn = Txn::new().when([Compare::create_revision(lock_key, fence)]).and_then([TxnOp::delete(lock_key)]);
-        if let Err(error) = self.registry.txn(txn).await {
-            tracing::warn!(lock = lock_key, %error, "releasing a bind lock failed; retrying in the background");
-            keep_releasing(Arc::clone(&self.registry), lock_key.to_owned(), OwnLock::Fence(fence));
-        }
-    }
-
-    /// Takes the bind lock for a state change other than a bind (sweeper, close). Returns
-    /// the fence, or `None` when another replica holds it.
-    pub(crate) async fn try_lock(&self, workspace_id: &WorkspaceId) -> Result<Option<i64>> {
-        Ok(self.acquire_lock(workspace_id).await?.ok())
-    }
-
-    /// Creates the bind lock on this replica's lease. Its value is the replica id plus a
-    /// fresh nonce, so after an ambiguous failure (the create may or may not have landed)
-    /// one read tells whether the lock is ours — an own lock left behind would otherwise
-    /// block the workspace for as long as this replica lives.
-    async fn acquire_lock(&self, workspace_id: &WorkspaceId) -> Result<std::result::Result<i64, KeyValue>> {
-        let lock_key = self.keys.lock(workspace_id);
-        let holder = format!("{}/{:016x}", self.config.replica_id, rand::random::<u64>());
-        match self.registry.create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id()).await {
-            Ok(outcome) => Ok(outcome),
-            Err(error) if error.is_retryable() => match self.registry.get(&lock_key).await {
-                Ok(Some(lock)) if lock.value == holder.as_bytes() => Ok(Ok(lock.create_revision)),
-                Ok(Some(lock)) => Ok(Err(lock)),
-                Ok(None) => Err(error.into()),
-                // Still unknown whether the create landed: if it did, the lock is ours and
-                // nobody else will ever delete it.
-                Err(read_error) => {
-                    keep_releasing(Arc::clone(&self.registry), lock_key, OwnLock::Value(Bytes::from(holder)));
-                    Err(read_error.into())
-                }
-            },
-            Err(error) => Err(error.into()),
-        }
-    }
-
-    /// Waits until the lock holder finishes: the record turns READY / FAILED, or the lock
-    /// goes away. Watches start right after the lock's revision so nothing is missed.
-    async fn wait_for_holder(&self, workspace_id: &WorkspaceId, lock: &KeyValue) -> Result<WaitOutcome> {
-        let record_key = self.keys.workspace(workspace_id);
-        let lock_key = self.keys.lock(workspace_id);
-        let from = lock.mod_revision + 1;
-        let records_watch = self.registry.watch_prefix(&record_key, from).await?;
-        let locks_watch = self.registry.watch_prefix(&lock_key, from).await?;
-        let mut events = futures::stream::select(records_watch, locks_watch);
-        while let Some(batch) = events.next().await {
-            for event in batch? {
-                match event {
-                    WatchEvent::Put(kv) if kv.key == record_key => {
-                        self.view.workspaces.apply_put(&kv);
-                        let record = records::decode::<WorkspaceRecord>(&kv.key, &kv.value)?;
-                        if matches!(record.state, StoredState::Ready | StoredState::Failed) {
-                            return Ok(WaitOutcome::Record(Box::new(record)));
-                        }
-                    }
-                    WatchEvent::Delete { key, .. } if key == lock_key => return Ok(WaitOutcome::LockReleased),
-                    _ => {}
-                }
-            }
-        }
-        // The watch broke: look again from the top.
-        Ok(WaitOutcome::LockReleased)
-    }
-}
-
-/// How a bind lock this replica may still hold is recognised.
-enum OwnLock {
-    /// We hold it; its create revision.
-    Fence(i64),
-    /// We may hold it: its value would be this (replica id and a nonce of ours).
-    Value(Bytes),
-}
-
-/// Deletes a lock of ours in the background once etcd answers again, with capped backoff.
-/// Safe at any later time: the delete compares the create revision, so a newer lock on the
-/// same key (ours or another replica's) is never touched.
-fn keep_releasing(registry: RegistryRef, lock_key: String, own: OwnLock) {
-    tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-            let fence = match &own {
-                OwnLock::Fence(fence) => *fence,
-                OwnLock::Value(value) => match registry.get(&lock_key).await {
-                    Ok(Some(lock)) if lock.value == *value => lock.create_revision,
-                    // Gone, or someone else's: nothing of ours to release.
-                    Ok(_) => return,
-                    Err(_) => continue,
-                },
-            };
-            let txn =
-                Txn::new().when([Compare::create_revision(&lock_key, fence)]).and_then([TxnOp::delete(&lock_key)]);
-            if registry.txn(txn).await.is_ok() {
-                tracing::info!(lock = %lock_key, "released a bind lock after retrying");
-                return;
-            }
-        }
-    });
 }

@@ -1,4 +1,7 @@
-//! Control-plane errors and their one mapping to gRPC statuses.
+//! Control-plane errors and their one mapping to gRPC statuses: every status a replica
+//! answers with is made by `From<ControlPlaneError> for Status` below (workspace errors
+//! through berth-proto's `status_from_workspace_error`); handlers return this type and
+//! convert with `?`.
 
 use std::sync::Arc;
 
@@ -7,6 +10,7 @@ use berth_proto::meta::mark_retryable;
 use berth_workspace::WorkspaceError;
 use tonic::Status;
 
+use crate::auth::error::AuthError;
 use crate::registry::RegistryError;
 
 /// What failed in a control-plane operation. `Clone` so one bind result can be handed to
@@ -23,8 +27,55 @@ pub enum ControlPlaneError {
     #[error("session {session_id} already exists with another binding")]
     SessionConflict { session_id: String },
 
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// A workspace operation or validation failed; mapped by berth-proto.
+    #[error(transparent)]
+    Workspace(Arc<WorkspaceError>),
+
+    /// A client stream did not start with its header message.
+    #[error("the first {rpc} message must be a header")]
+    MissingHeader { rpc: &'static str },
+
+    /// A client stream ended before its header message.
+    #[error("the stream is empty; a header comes first")]
+    EmptyStream,
+
+    /// A client stream broke while it was piped to a node.
+    #[error("client stream failed: {reason}")]
+    ClientStreamFailed { reason: String },
+
+    /// Another replica (or a bind on this one) holds the workspace's bind lock.
+    #[error("workspace {workspace_id} is being bound or swept right now; retry")]
+    LockBusy { workspace_id: String },
+
+    /// The caller can see the object but may not do this to it.
+    #[error("{principal} may not {what}")]
+    PermissionDenied { principal: String, what: String },
+
+    /// A service acting for users named two different users.
+    #[error("user_id {requested:?} differs from the x-berth-act-as user {acting:?}")]
+    ActAsMismatch { requested: String, acting: String },
+
+    /// A node registration that cannot be served.
+    #[error("{reason}")]
+    BadRegistration { reason: String },
+
+    #[error("node {node_id} is not live and holds no workspace record")]
+    NodeNotFound { node_id: String },
+
+    /// A drain without `force` of a node whose workspaces' data would be lost.
+    #[error(
+        "draining node {node_id} would lose the data of {count} workspace(s) (no snapshot store is configured; \
+         they are re-placed empty on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
+        named.join(", "),
+        if *more > 0 { format!(" and {more} more") } else { String::new() }
+    )]
+    DrainLosesData { node_id: String, count: usize, named: Vec<String>, more: usize },
+
+    #[error("bad node address {address:?}: {reason}")]
+    BadNodeAddress { address: String, reason: String },
+
+    #[error("node {address} serves TLS but this replica has no node TLS configured (--node-ca-cert)")]
+    NodeTlsMissing { address: String },
 
     #[error("no live node offers backend {backend:?}{selector}")]
     NoLiveNode { backend: String, selector: String },
@@ -47,6 +98,18 @@ pub enum ControlPlaneError {
     #[error(transparent)]
     Registry(Arc<RegistryError>),
 
+    /// A public call whose credentials did not authenticate.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+
+    /// A NodeService call without the node credential.
+    #[error("node credentials missing or wrong")]
+    NodeCredentials,
+
+    /// A handler found no authenticated caller: the server was built without the auth layer.
+    #[error("no authenticated caller on this request")]
+    NoCaller,
+
     /// A status from a node agent or a workspace operation, passed on as it is.
     #[error("{}", .0.message())]
     Status(Status),
@@ -68,7 +131,7 @@ impl From<RegistryError> for ControlPlaneError {
 
 impl From<WorkspaceError> for ControlPlaneError {
     fn from(error: WorkspaceError) -> Self {
-        Self::Status(status_from_workspace_error(&error))
+        Self::Workspace(Arc::new(error))
     }
 }
 
@@ -85,7 +148,16 @@ impl From<ControlPlaneError> for Status {
         match error {
             E::WorkspaceNotFound(_) | E::SessionNotFound(_) => Status::not_found(message),
             E::SessionConflict { .. } => Status::already_exists(message),
-            E::InvalidArgument(_) => Status::invalid_argument(message),
+            E::Workspace(inner) => status_from_workspace_error(&inner),
+            E::MissingHeader { .. } | E::EmptyStream | E::ActAsMismatch { .. } | E::BadRegistration { .. } => {
+                Status::invalid_argument(message)
+            }
+            E::ClientStreamFailed { .. } => Status::aborted(message),
+            E::LockBusy { .. } => mark_retryable(Status::aborted(message)),
+            E::PermissionDenied { .. } => Status::permission_denied(message),
+            E::NodeNotFound { .. } => Status::not_found(message),
+            E::DrainLosesData { .. } | E::NodeTlsMissing { .. } => Status::failed_precondition(message),
+            E::BadNodeAddress { .. } => Status::internal(message),
             E::NoLiveNode { .. } => mark_retryable(Status::unavailable(message)),
             E::ProvisionFailed { code, .. } => match code {
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
@@ -101,6 +173,9 @@ impl From<ControlPlaneError> for Status {
                 RegistryError::Corrupt { .. } => Status::internal(message),
                 _ => mark_retryable(Status::unavailable(message)),
             },
+            E::Auth(AuthError::MayNotActAs { .. }) => Status::permission_denied(message),
+            E::Auth(AuthError::BadActAs(_)) => Status::invalid_argument(message),
+            E::Auth(_) | E::NodeCredentials | E::NoCaller => Status::unauthenticated(message),
             E::Status(status) => status,
             E::ShuttingDown => mark_retryable(Status::unavailable(message)),
             E::Internal(_) => Status::internal(message),

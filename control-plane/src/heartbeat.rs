@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::ControlPlaneConfig;
+use crate::error::ControlPlaneError;
 use crate::keys::Keys;
 use crate::metrics;
 use crate::records::{self, NodeLoadRecord, NodeRecord, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
@@ -62,7 +63,10 @@ impl NodeService for HeartbeatService {
         let mut inbound = request.into_inner();
         let register = match inbound.message().await? {
             Some(NodeMessage { msg: Some(NodeMsg::Register(register)) }) => register,
-            _ => return Err(Status::invalid_argument("the first heartbeat message must be a register")),
+            _ => {
+                let reason = "the first heartbeat message must be a register".to_owned();
+                return Err(ControlPlaneError::BadRegistration { reason }.into());
+            }
         };
         validate_register(&register)?;
         let mut session = NodeSession::register(self, register).await?;
@@ -89,14 +93,14 @@ impl NodeService for HeartbeatService {
     }
 }
 
-fn validate_register(register: &v1::Register) -> Result<(), Status> {
-    let invalid = |error: berth_workspace::WorkspaceError| Status::invalid_argument(error.to_string());
-    berth_workspace::validate_id("node id", &register.node_id).map_err(invalid)?;
+fn validate_register(register: &v1::Register) -> Result<(), ControlPlaneError> {
+    let invalid = |reason: String| ControlPlaneError::BadRegistration { reason };
+    berth_workspace::validate_id("node id", &register.node_id).map_err(|error| invalid(error.to_string()))?;
     if !(register.address.starts_with("http://") || register.address.starts_with("https://")) {
-        return Err(Status::invalid_argument(format!("node address {:?} must be an http(s) URL", register.address)));
+        return Err(invalid(format!("node address {:?} must be an http(s) URL", register.address)));
     }
     if register.backends.is_empty() {
-        return Err(Status::invalid_argument("a node must offer at least one backend"));
+        return Err(invalid("a node must offer at least one backend".to_owned()));
     }
     Ok(())
 }
@@ -288,7 +292,7 @@ fn superseded(record: &WorkspaceRecord, node_id: &str, local_generation: u64) ->
 }
 
 fn registry_status(error: RegistryError) -> Status {
-    Status::from(crate::error::ControlPlaneError::from(error))
+    Status::from(ControlPlaneError::from(error))
 }
 
 #[cfg(test)]

@@ -17,9 +17,11 @@ pub mod placement;
 pub mod policy;
 pub mod records;
 pub mod registry;
+pub mod registry_metrics;
 pub mod router;
 pub mod server;
 pub mod service;
+pub mod store;
 pub mod sweeper;
 pub mod view;
 

@@ -14,6 +14,8 @@ use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use crate::error::ControlPlaneError;
+
 pub type NodeAgentClient = NodeAgentServiceClient<InterceptedService<Channel, NodeInterceptor>>;
 
 /// Adds what every node call carries: the node credential and the caller's trace context
@@ -55,12 +57,12 @@ impl NodeClients {
     }
 
     /// A client for the node at `address` (`http://host:port` or `https://host:port`).
-    pub fn get(&self, address: &str) -> Result<NodeAgentClient, tonic::Status> {
+    pub fn get(&self, address: &str) -> Result<NodeAgentClient, ControlPlaneError> {
         let mut channels = self.channels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(client) = channels.get(address) {
             return Ok(client.clone());
         }
-        let bad_address = |error: String| tonic::Status::internal(format!("bad node address {address:?}: {error}"));
+        let bad_address = |reason: String| ControlPlaneError::BadNodeAddress { address: address.to_owned(), reason };
         let mut endpoint = Endpoint::from_shared(address.to_owned())
             .map_err(|error| bad_address(error.to_string()))?
             .connect_timeout(Duration::from_secs(3))
@@ -70,11 +72,8 @@ impl NodeClients {
         if address.starts_with("https://") {
             // A node that advertises TLS is only reached with the cluster CA configured:
             // never over an unverified connection.
-            let tls = self.tls.clone().ok_or_else(|| {
-                tonic::Status::failed_precondition(format!(
-                    "node {address} serves TLS but this replica has no node TLS configured (--node-ca-cert)"
-                ))
-            })?;
+            let tls =
+                self.tls.clone().ok_or_else(|| ControlPlaneError::NodeTlsMissing { address: address.to_owned() })?;
             endpoint = endpoint.tls_config(tls).map_err(|error| bad_address(error.to_string()))?;
         }
         let client = NodeAgentServiceClient::with_interceptor(endpoint.connect_lazy(), self.credential.clone())

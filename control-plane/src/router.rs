@@ -16,8 +16,9 @@ use tonic::{Code, Response, Status, Streaming};
 
 use crate::binding::{BindRequest, Binder};
 use crate::error::ControlPlaneError;
-use crate::node_client::{NodeAgentClient, node_request, untimed_node_request};
+use crate::node_client::{NodeAgentClient, NodeClients, node_request, untimed_node_request};
 use crate::records::WorkspaceRecord;
+use crate::store::WorkspaceStoreRef;
 use crate::view::EffectiveState;
 
 /// Where one call goes.
@@ -35,34 +36,31 @@ impl Target {
 
 pub struct Router {
     binder: Arc<Binder>,
+    store: WorkspaceStoreRef,
+    nodes: Arc<NodeClients>,
 }
 
 impl Router {
-    pub fn new(binder: Arc<Binder>) -> Self {
-        Self { binder }
-    }
-
-    pub fn binder(&self) -> &Arc<Binder> {
-        &self.binder
+    pub fn new(binder: Arc<Binder>, store: WorkspaceStoreRef, nodes: Arc<NodeClients>) -> Self {
+        Self { binder, store, nodes }
     }
 
     /// Resolves a workspace to a READY placement, bringing it back if it is IDLE or LOST.
     pub async fn target(&self, workspace_id: &WorkspaceId) -> Result<Target, ControlPlaneError> {
-        let view = &self.binder.view;
-        let record = match view.workspace(workspace_id.as_str()) {
-            Some(entry) if view.effective_state(&entry.record) == EffectiveState::Ready => entry.record,
-            _ => self.binder.ensure_ready(BindRequest::existing(workspace_id.clone())).await?,
+        let record = match self.store.cached_ready(workspace_id) {
+            Some(record) => record,
+            None => self.binder.ensure_ready(BindRequest::existing(workspace_id.clone())).await?,
         };
         self.target_for(record)
     }
 
     fn target_for(&self, record: Arc<WorkspaceRecord>) -> Result<Target, ControlPlaneError> {
         let node_id = record.node_id.as_deref().unwrap_or_default();
-        let node =
-            self.binder.view.node(node_id).ok_or_else(|| {
-                ControlPlaneError::Internal(format!("node {node_id} of a ready workspace is not live"))
-            })?;
-        let client = self.binder.nodes.get(&node.address)?;
+        let node = self
+            .store
+            .node(node_id)
+            .ok_or_else(|| ControlPlaneError::Internal(format!("node {node_id} of a ready workspace is not live")))?;
+        let client = self.nodes.get(&node.address)?;
         Ok(Target { record, client })
     }
 
@@ -118,16 +116,14 @@ impl Router {
         stale_generation: u64,
         status: &Status,
     ) -> Result<Target, ControlPlaneError> {
-        let key = self.binder.keys.workspace(workspace_id);
-        let (found, _) = self.binder.read_record(&key).await?;
-        let Some((record, _)) = found else {
+        let Some(record) = self.store.load(workspace_id).await? else {
             return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
         };
         let unchanged = record.generation == stale_generation;
         if unchanged && ErrorKind::of(status) != Some(ErrorKind::WrongGeneration) {
             // Same placement, node unreachable or fenced: one more try at the same place,
             // unless the view has meanwhile seen the node go.
-            if self.binder.view.effective_state(&record) == EffectiveState::Ready {
+            if self.store.effective_state(&record) == EffectiveState::Ready {
                 return self.target_for(Arc::new(record));
             }
         }
@@ -189,7 +185,7 @@ where
     let request = untimed_node_request(ReceiverStream::new(outbound), target.generation());
     let outcome = tokio::select! {
         response = call(target.client.clone(), request) => response,
-        Ok(status) = aborted => Err(Status::aborted(format!("client stream failed: {}", status.message()))),
+        Ok(status) = aborted => Err(ControlPlaneError::ClientStreamFailed { reason: status.message().to_owned() }.into()),
     };
     pump.abort();
     outcome

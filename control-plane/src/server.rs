@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AuthLayer, Authenticator};
+use crate::authz::Access;
 use crate::binding::Binder;
 use crate::config::ControlPlaneConfig;
 use crate::heartbeat::HeartbeatService;
@@ -23,7 +24,9 @@ use crate::registry::RegistryRef;
 use crate::router::Router;
 use crate::service::admin::AdminApi;
 use crate::service::contract::ContractApi;
+use crate::service::sessions::Sessions;
 use crate::service::workspace::WorkspaceApi;
+use crate::store::WorkspaceStore;
 use crate::sweeper::Sweeper;
 use crate::view::ReplicaView;
 
@@ -37,6 +40,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
+    // Every registry call of this replica is timed (etcd only; see `registry_metrics`).
+    let registry = crate::registry_metrics::metered(registry);
     let local_address = listener.local_addr().map_err(ServeError::Io)?;
     config.check_listener(local_address).map_err(ServeError::Config)?;
     if config.advertise_address.is_empty() {
@@ -69,16 +74,20 @@ pub async fn serve(
     }
     let nodes =
         Arc::new(NodeClients::new(config.node_secret.clone(), config.node_tls.clone()).map_err(ServeError::Config)?);
-    let binder = Arc::new(Binder::new(
+    // One store owns the workspace records, sessions and bind locks; the binder, the router,
+    // the handlers and the sweeper get it (or what they need of it) injected.
+    let store = Arc::new(WorkspaceStore::new(
         Arc::clone(&registry),
         keys.clone(),
         Arc::clone(&view),
         Arc::clone(&lease),
-        nodes,
-        config.clone(),
+        config.replica_id.clone(),
     ));
-    let router = Arc::new(Router::new(Arc::clone(&binder)));
-    tokio::spawn(Sweeper::new(Arc::clone(&binder)).run(tasks.clone()));
+    let binder = Arc::new(Binder::new(Arc::clone(&store), Arc::clone(&view), Arc::clone(&nodes), config.clone()));
+    let router = Arc::new(Router::new(Arc::clone(&binder), Arc::clone(&store), Arc::clone(&nodes)));
+    let access = Access::new(Arc::clone(&store));
+    let sessions = Sessions::new(binder, Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config);
+    tokio::spawn(Sweeper::new(Arc::clone(&store), nodes, &config).run(tasks.clone()));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<WorkspaceServiceServer<WorkspaceApi>>().await;
@@ -89,13 +98,16 @@ pub async fn serve(
         .build_v1()
         .map_err(|error| ServeError::Config(error.to_string()))?;
 
-    let contract_api = ContractServiceServer::new(ContractApi::new(Arc::clone(&router)))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
-    let workspace_api = WorkspaceServiceServer::new(WorkspaceApi::new(router))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+    let contract_api =
+        ContractServiceServer::new(ContractApi::new(Arc::clone(&router), access.clone(), config.node_call_timeout))
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes);
+    let workspace_api =
+        WorkspaceServiceServer::new(WorkspaceApi::new(router, sessions, access, config.node_call_timeout))
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes);
     let admin_api = AdminServiceServer::new(AdminApi::new(
+        store,
         Arc::clone(&view),
         Arc::clone(&registry),
         keys.clone(),

@@ -5,14 +5,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use berth_proto::v1;
-use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use crate::binding::Binder;
-use crate::node_client::node_request;
+use crate::config::ControlPlaneConfig;
+use crate::node_client::{NodeClients, node_request};
 use crate::records::{StoredState, WorkspaceRecord, now_ms};
+use crate::store::{Leadership, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
 #[derive(Debug, Default)]
@@ -26,17 +27,28 @@ pub struct SweeperStats {
 }
 
 pub struct Sweeper {
-    binder: Arc<Binder>,
+    store: WorkspaceStoreRef,
+    nodes: Arc<NodeClients>,
+    idle_ttl: Duration,
+    sweep_interval: Duration,
+    node_call_timeout: Duration,
     pub stats: Arc<SweeperStats>,
 }
 
 impl Sweeper {
-    pub fn new(binder: Arc<Binder>) -> Self {
-        Self { binder, stats: Arc::new(SweeperStats::default()) }
+    pub fn new(store: WorkspaceStoreRef, nodes: Arc<NodeClients>, config: &ControlPlaneConfig) -> Self {
+        Self {
+            store,
+            nodes,
+            idle_ttl: config.idle_ttl,
+            sweep_interval: config.sweep_interval(),
+            node_call_timeout: config.node_call_timeout,
+            stats: Arc::new(SweeperStats::default()),
+        }
     }
 
     pub async fn run(self, cancel: CancellationToken) {
-        let interval = self.binder.config.sweep_interval();
+        let interval = self.sweep_interval;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -56,31 +68,26 @@ impl Sweeper {
 
     /// Becomes or stays the leader: the leader key exists on our current lease.
     async fn lead(&self) -> crate::registry::Result<bool> {
-        let binder = &self.binder;
-        let key = binder.keys.leader("sweeper");
-        let lease = binder.lease.id();
-        let holder = Bytes::from(binder.config.replica_id.clone());
-        match binder.registry.create_if_absent(&key, holder.clone(), lease).await? {
-            Ok(_) => {
-                tracing::info!(replica_id = %binder.config.replica_id, "became the idle sweeper");
+        match self.store.lead("sweeper").await? {
+            Leadership::Became => {
+                tracing::info!(replica_id = %self.store.replica_id(), "became the idle sweeper");
                 Ok(true)
             }
-            Err(existing) => Ok(existing.value == holder && existing.lease == lease),
+            Leadership::Kept => Ok(true),
+            Leadership::Other => Ok(false),
         }
     }
 
     async fn sweep(&self) {
-        let binder = &self.binder;
-        let idle_ttl_ms = binder.config.idle_ttl.as_millis() as i64;
+        let store = &self.store;
+        let idle_ttl_ms = self.idle_ttl.as_millis() as i64;
         let now = now_ms();
-        for entry in binder.view.workspaces.all() {
-            let record = entry.record;
-            if binder.view.effective_state(&record) != EffectiveState::Ready {
+        for record in store.workspaces() {
+            if store.effective_state(&record) != EffectiveState::Ready {
                 continue;
             }
             let node_id = record.node_id.clone().unwrap_or_default();
-            let reported =
-                binder.view.node(&node_id).and_then(|node| node.last_access_ms.get(record.id.as_str()).copied());
+            let reported = store.last_access_ms(&record);
             let last_access = reported.unwrap_or(0).max(record.updated_at_ms);
             if now - last_access < idle_ttl_ms {
                 continue;
@@ -91,7 +98,7 @@ impl Sweeper {
                     tracing::info!(
                         ws_id = %record.id,
                         node_id = %node_id,
-                        replica_id = %binder.config.replica_id,
+                        replica_id = %store.replica_id(),
                         idle_ms = now - last_access,
                         "workspace idle; runtime released"
                     );
@@ -105,34 +112,32 @@ impl Sweeper {
     /// Releases one workspace under its bind lock; `false` when it changed meanwhile or
     /// someone else holds the lock (the next sweep looks again).
     async fn idle(&self, seen: &WorkspaceRecord) -> crate::error::Result<bool> {
-        let binder = &self.binder;
-        let Some(fence) = binder.try_lock(&seen.id).await? else { return Ok(false) };
-        let lock_key = binder.keys.lock(&seen.id);
-        let (found, _) = binder.read_record(&binder.keys.workspace(&seen.id)).await?;
-        let mut record = match found {
-            Some((record, _)) if record.generation == seen.generation && record.state == StoredState::Ready => record,
+        let store = &self.store;
+        let Some(fence) = store.try_lock(&seen.id).await? else { return Ok(false) };
+        let mut record = match store.load(&seen.id).await? {
+            Some(record) if record.generation == seen.generation && record.state == StoredState::Ready => record,
             _ => {
-                binder.release_lock(&lock_key, fence).await;
+                store.release_lock(&seen.id, fence).await;
                 return Ok(false);
             }
         };
-        if let Some(node) = record.node_id.as_deref().and_then(|node_id| binder.view.node(node_id)) {
+        if let Some(node) = record.node_id.as_deref().and_then(|node_id| store.node(node_id)) {
             let released = async {
-                let mut client = binder.nodes.get(&node.address)?;
+                let mut client = self.nodes.get(&node.address)?;
                 let request = v1::ReleaseRequest { workspace_id: record.id.to_string() };
-                client.release(node_request(request, record.generation, binder.config.node_call_timeout)).await?;
+                client.release(node_request(request, record.generation, self.node_call_timeout)).await?;
                 Ok::<_, tonic::Status>(())
             }
             .await;
             if let Err(status) = released {
-                binder.release_lock(&lock_key, fence).await;
+                store.release_lock(&seen.id, fence).await;
                 return Err(status.into());
             }
         }
         record.state = StoredState::Idle;
         record.updated_at_ms = now_ms();
-        record.changed_by = binder.config.replica_id.clone();
-        binder.write_fenced(&record.id, &record, fence).await?;
+        record.changed_by = store.replica_id().to_owned();
+        store.write_fenced(&record, fence).await?;
         Ok(true)
     }
 }

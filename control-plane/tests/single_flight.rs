@@ -10,6 +10,7 @@ use berth_control_plane::keys::Keys;
 use berth_control_plane::lease::ReplicaLease;
 use berth_control_plane::node_client::NodeClients;
 use berth_control_plane::registry::embedded::EmbeddedRegistry;
+use berth_control_plane::store::WorkspaceStore;
 use berth_control_plane::view::ReplicaView;
 use berth_control_plane::{ControlPlaneConfig, IsolationPolicy, RegistryRef};
 use berth_proto::v1;
@@ -58,14 +59,8 @@ async fn harness(provision_delay: Duration) -> Harness {
     .unwrap();
     let mut binder_config = ControlPlaneConfig::new("replica-binder");
     binder_config.bind_timeout = Duration::from_secs(20);
-    let binder = Arc::new(Binder::new(
-        registry,
-        keys,
-        Arc::clone(&view),
-        lease,
-        Arc::new(NodeClients::insecure()),
-        binder_config,
-    ));
+    let store = Arc::new(WorkspaceStore::new(registry, keys, Arc::clone(&view), lease, "replica-binder"));
+    let binder = Arc::new(Binder::new(store, Arc::clone(&view), Arc::new(NodeClients::insecure()), binder_config));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while view.live_nodes().is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "the node never registered");
@@ -116,7 +111,7 @@ async fn five_hundred_concurrent_first_requests_provision_once() {
         answers.push(call.await.unwrap().expect("bind succeeds"));
     }
     assert!(answers.iter().all(|record| record.id == workspace && record.generation == 1));
-    let stats = &harness.binder.stats;
+    let stats = harness.binder.stats();
     assert_eq!(stats.provisioned.load(Ordering::Relaxed), 1, "exactly one provision");
     assert_eq!(stats.started.load(Ordering::Relaxed), 1, "exactly one bind task for 500 callers");
     let local = harness.node.list_local(v1::ListLocalRequest {}).await.unwrap().into_inner();
@@ -147,6 +142,6 @@ async fn concurrent_first_requests_share_one_error() {
     }
     assert!(messages.iter().all(|message| message == &messages[0]), "{messages:?}");
     assert!(messages[0].contains("ws-single-flight-error"), "{}", messages[0]);
-    assert_eq!(harness.binder.stats.started.load(Ordering::Relaxed), 1, "one bind task for 50 callers");
+    assert_eq!(harness.binder.stats().started.load(Ordering::Relaxed), 1, "one bind task for 50 callers");
     harness.cancel.cancel();
 }

@@ -73,7 +73,7 @@ where
             Box::pin(inner.call(request))
         } else {
             tracing::warn!(target: "berth::audit", rpc = %request.uri().path(), outcome = "Unauthenticated", "node call without the control plane's credentials refused");
-            let status = tonic::Status::unauthenticated("node agents accept only the control plane's credentials");
+            let status = tonic::Status::from(crate::error::NodeError::Unauthenticated);
             Box::pin(async move { Ok(status.into_http()) })
         }
     }

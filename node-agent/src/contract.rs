@@ -21,20 +21,16 @@ use berth_proto::contract::{
     mcp_server_to_proto, mcp_spec_from_proto, mcp_status_to_proto, mcp_tool_to_proto, skill_info_to_proto,
     timeout_from_ms, tool_arguments, tool_result_to_proto, tree_destination, upload_stats_to_proto,
 };
-use berth_proto::convert::status_from_workspace_error;
 use berth_proto::v1::{self, add_skill_request, upload_tree_request};
 use berth_workspace::{BackendRef, ByteStream, RelPath, WorkspaceError, WorkspaceId};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::{Status, Streaming};
 
+use crate::error::{NodeError, status};
 use crate::state::LifecycleHook;
 
 type Reply<T> = Result<T, Status>;
-
-fn status(error: WorkspaceError) -> Status {
-    status_from_workspace_error(&error)
-}
 
 /// Settings of the contract on this node.
 #[derive(Clone, Debug, Default)]
@@ -262,7 +258,7 @@ where
 {
     match inbound.message().await? {
         Some(message) => Ok(message),
-        None => Err(Status::invalid_argument("the stream is empty; a header comes first")),
+        None => Err(NodeError::EmptyStream.into()),
     }
 }
 

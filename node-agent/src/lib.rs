@@ -7,6 +7,7 @@ pub mod auth;
 pub mod config;
 pub mod contract;
 pub mod drivers;
+pub mod error;
 pub mod fence;
 pub mod heartbeat;
 pub mod metrics;

@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 
 use berth_proto::convert::{
     exec_event_to_proto, exec_output_to_proto, exec_spec_from_proto, file_info_to_proto, read_chunk_size,
-    spec_from_proto, status_from_workspace_error,
+    spec_from_proto,
 };
-use berth_proto::meta::{self, ErrorKind};
+use berth_proto::meta;
 use berth_proto::v1::node_agent_service_server::NodeAgentService;
 use berth_proto::v1::{self, write_file_request::Msg as WriteMsg};
 use berth_workspace::{BackendRef, RelPath, WorkspaceError, WorkspaceId, WriteOptions};
@@ -21,6 +21,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::contract::{Contract, first_message};
+use crate::error::{NodeError, status};
 use crate::fence::Fence;
 use crate::metrics;
 use crate::state::{Entry, Workspaces};
@@ -43,14 +44,11 @@ pub struct NodeAgentApi {
 struct InFlight(Arc<Entry>);
 
 impl InFlight {
-    fn start(entry: &Arc<Entry>, max: u32) -> Result<Self, Status> {
+    fn start(entry: &Arc<Entry>, max: u32) -> Result<Self, NodeError> {
         let previous = entry.execs_in_flight.fetch_add(1, Ordering::AcqRel);
         if previous >= max {
             entry.execs_in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(ErrorKind::LimitExceeded.attach(Status::resource_exhausted(format!(
-                "concurrent execs per workspace exceeded: {} > {max} (node --max-execs-per-workspace)",
-                previous + 1
-            ))));
+            return Err(NodeError::TooManyExecs { attempted: previous + 1, max });
         }
         Ok(Self(Arc::clone(entry)))
     }
@@ -63,16 +61,12 @@ impl Drop for InFlight {
     }
 }
 
-fn status(error: WorkspaceError) -> Status {
-    status_from_workspace_error(&error)
+fn workspace_id(value: &str) -> Result<WorkspaceId, NodeError> {
+    Ok(WorkspaceId::new(value)?)
 }
 
-fn workspace_id(value: &str) -> Result<WorkspaceId, Status> {
-    WorkspaceId::new(value).map_err(status)
-}
-
-fn rel_path(value: &str) -> Result<RelPath, Status> {
-    RelPath::parse(value).map_err(status)
+fn rel_path(value: &str) -> Result<RelPath, NodeError> {
+    Ok(RelPath::parse(value)?)
 }
 
 impl NodeAgentApi {
@@ -87,20 +81,20 @@ impl NodeAgentApi {
     }
 
     /// [`Self::backend`] for the contract calls: the workspace id and its runtime.
-    fn target<T>(&self, request: &Request<T>, id: &str) -> Result<(WorkspaceId, BackendRef), Status> {
+    fn target<T>(&self, request: &Request<T>, id: &str) -> Result<(WorkspaceId, BackendRef), NodeError> {
         let (entry, backend) = self.backend(request, id)?;
         Ok((entry.id.clone(), backend))
     }
 
-    fn check_serving(&self) -> Result<(), Status> {
+    fn check_serving(&self) -> Result<(), NodeError> {
         if self.fence.is_fenced() {
-            return Err(ErrorKind::NodeFenced.attach(Status::unavailable("node has lost its lease and is not serving")));
+            return Err(NodeError::Fenced);
         }
         Ok(())
     }
 
     /// The workspace's runtime, if this node holds it at the generation the caller expects.
-    fn backend<T>(&self, request: &Request<T>, id: &str) -> Result<(Arc<Entry>, BackendRef), Status> {
+    fn backend<T>(&self, request: &Request<T>, id: &str) -> Result<(Arc<Entry>, BackendRef), NodeError> {
         self.check_serving()?;
         let id = workspace_id(id)?;
         berth_proto::trace::record_workspace(id.as_str());
@@ -109,18 +103,13 @@ impl NodeAgentApi {
             .get(meta::GENERATION)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.parse::<u64>().ok());
-        let wrong = |detail: String| ErrorKind::WrongGeneration.attach(Status::failed_precondition(detail));
-        let entry =
-            self.workspaces.get(&id).ok_or_else(|| wrong(format!("workspace {id} is not provisioned on this node")))?;
+        let entry = self.workspaces.get(&id).ok_or_else(|| NodeError::NotHeld { workspace_id: id.clone() })?;
         if let Some(expected) = expected
             && expected != entry.generation
         {
-            return Err(wrong(format!(
-                "workspace {id} is at generation {} on this node, not {expected}",
-                entry.generation
-            )));
+            return Err(NodeError::WrongGeneration { workspace_id: id, held: entry.generation, expected });
         }
-        let backend = entry.backend.clone().ok_or_else(|| wrong(format!("workspace {id} is released on this node")))?;
+        let backend = entry.backend.clone().ok_or_else(|| NodeError::Released { workspace_id: id.clone() })?;
         entry.touch();
         Ok((entry, backend))
     }
@@ -136,7 +125,7 @@ macro_rules! streamed_target {
         let mut inbound = $request.into_inner();
         let header = match first_message(&mut inbound).await?.msg {
             Some($variant(header)) => header,
-            _ => return Err(Status::invalid_argument("the first message must be a header")),
+            _ => return Err(NodeError::MissingHeader { rpc: "" }.into()),
         };
         let (id, backend) =
             $self.target(&Request::from_parts(metadata, Default::default(), ()), &header.workspace_id)?;
@@ -170,7 +159,7 @@ impl NodeAgentService for NodeAgentApi {
                 async move { workspaces.provision(&task_id, request.generation, &request.backend, &spec).await },
             )
             .await
-            .map_err(|error| Status::internal(format!("provision task failed: {error}")))?;
+            .map_err(|error| NodeError::ProvisionTask { reason: error.to_string() })?;
         let backend_label = provisioned.as_ref().map(|done| done.backend.as_str()).unwrap_or(&asked_backend);
         metrics::provision_done(backend_label, provisioned.is_ok(), started.elapsed());
         let provisioned = provisioned.map_err(status)?;
@@ -259,7 +248,7 @@ impl NodeAgentService for NodeAgentApi {
         let mut inbound = request.into_inner();
         let header = match inbound.message().await? {
             Some(v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) }) => header,
-            _ => return Err(Status::invalid_argument("the first WriteFile message must be a header")),
+            _ => return Err(NodeError::MissingHeader { rpc: "WriteFile " }.into()),
         };
         let (_entry, backend) = self.backend(&generation_checked, &header.workspace_id)?;
         let path = rel_path(&header.path)?;
@@ -293,7 +282,7 @@ impl NodeAgentService for NodeAgentApi {
         let (_entry, backend) = self.backend(&request, &request.get_ref().workspace_id)?;
         let path = rel_path(&request.get_ref().path)?;
         if path.is_root() {
-            return Err(Status::invalid_argument("the workspace root cannot be removed; close the workspace instead"));
+            return Err(NodeError::RemoveRoot.into());
         }
         let existed = backend.remove(&path, request.get_ref().recursive).await.map_err(status)?;
         Ok(Response::new(v1::RemovePathResponse { existed }))

@@ -16,7 +16,8 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::{AuthError, Principal, Role};
+use super::error::AuthError;
+use super::principal::{Principal, Role};
 
 /// Where the verification key comes from.
 #[derive(Clone, Debug)]

@@ -24,8 +24,9 @@ use http::{Request, Response};
 use tonic::body::Body;
 use tower::{Layer, Service};
 
-use super::Authenticator;
-use crate::authz::Caller;
+use super::authenticator::Authenticator;
+use super::caller::Caller;
+use crate::error::ControlPlaneError;
 
 /// Audit target; route it to its own sink with `RUST_LOG=berth::audit=info`.
 pub const AUDIT_TARGET: &str = "berth::audit";
@@ -129,7 +130,7 @@ where
                     Box::pin(inner.call(request))
                 } else {
                     tracing::warn!(target: AUDIT_TARGET, rpc = %path, outcome = "Unauthenticated", "node call without the node credential refused");
-                    let status = tonic::Status::unauthenticated("node credentials missing or wrong");
+                    let status = tonic::Status::from(ControlPlaneError::NodeCredentials);
                     Box::pin(async move { Ok(status.into_http()) })
                 }
             }
@@ -153,7 +154,7 @@ where
                     })
                 }
                 Err(error) => {
-                    let status = tonic::Status::from(error);
+                    let status = tonic::Status::from(ControlPlaneError::from(error));
                     tracing::info!(
                         target: AUDIT_TARGET,
                         principal = "",

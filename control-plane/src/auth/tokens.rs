@@ -31,7 +31,8 @@ use serde::Deserialize;
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 use tokio_util::sync::CancellationToken;
 
-use super::{AuthError, Principal, Role};
+use super::error::AuthError;
+use super::principal::{Principal, Role};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

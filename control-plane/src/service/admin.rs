@@ -27,12 +27,16 @@ use crate::error::ControlPlaneError;
 use crate::keys::Keys;
 use crate::records::{self, DrainRecord, NodeRecord, RECORD_VERSION, ReplicaRecord, StoredState, now_ms};
 use crate::registry::{RegistryError, RegistryRef, Txn, TxnOp, TxnOpResponse};
+use crate::store::WorkspaceStoreRef;
 use crate::view::ReplicaView;
 
 /// Most workspace ids a refused drain names in its message (the count is always exact).
 const REFUSAL_LISTS_AT_MOST: usize = 50;
 
+/// Workspaces are read through the store; nodes, drains and replicas (cluster state, not
+/// workspace state) through the view and the registry.
 pub struct AdminApi {
+    store: WorkspaceStoreRef,
     view: Arc<ReplicaView>,
     registry: RegistryRef,
     keys: Keys,
@@ -40,8 +44,14 @@ pub struct AdminApi {
 }
 
 impl AdminApi {
-    pub fn new(view: Arc<ReplicaView>, registry: RegistryRef, keys: Keys, replica_id: String) -> Self {
-        Self { view, registry, keys, replica_id }
+    pub fn new(
+        store: WorkspaceStoreRef,
+        view: Arc<ReplicaView>,
+        registry: RegistryRef,
+        keys: Keys,
+        replica_id: String,
+    ) -> Self {
+        Self { store, view, registry, keys, replica_id }
     }
 
     fn node_info(&self, node: &NodeRecord) -> v1::NodeInfo {
@@ -107,9 +117,9 @@ impl AdminApi {
 
     fn workspace_counts(&self) -> Vec<v1::WorkspaceCount> {
         let mut counts: BTreeMap<(&'static str, String), u64> = BTreeMap::new();
-        for entry in self.view.workspaces.all() {
-            let state = crate::metrics::state_label(self.view.effective_state(&entry.record));
-            *counts.entry((state, entry.record.backend.clone())).or_default() += 1;
+        for record in self.store.workspaces() {
+            let state = crate::metrics::state_label(self.store.effective_state(&record));
+            *counts.entry((state, record.backend.clone())).or_default() += 1;
         }
         counts
             .into_iter()
@@ -120,18 +130,17 @@ impl AdminApi {
     /// Workspaces whose placement (runtime or kept data) is on `node_id`, as this replica
     /// sees them.
     fn workspaces_on(&self, node_id: &str) -> Vec<v1::DrainedWorkspace> {
-        self.view
-            .workspaces
-            .all()
+        self.store
+            .workspaces()
             .into_iter()
-            .filter(|entry| {
-                entry.record.node_id.as_deref() == Some(node_id)
-                    && matches!(entry.record.state, StoredState::Ready | StoredState::Idle)
+            .filter(|record| {
+                record.node_id.as_deref() == Some(node_id)
+                    && matches!(record.state, StoredState::Ready | StoredState::Idle)
             })
-            .map(|entry| v1::DrainedWorkspace {
-                workspace_id: entry.record.id.to_string(),
-                state: crate::metrics::state_label(self.view.effective_state(&entry.record)).to_owned(),
-                owner: entry.record.owner.clone(),
+            .map(|record| v1::DrainedWorkspace {
+                workspace_id: record.id.to_string(),
+                state: crate::metrics::state_label(self.store.effective_state(&record)).to_owned(),
+                owner: record.owner.clone(),
             })
             .collect()
     }
@@ -152,7 +161,7 @@ fn registry_status(error: RegistryError) -> Status {
 }
 
 fn node_id_of(node_id: &str) -> Result<(), Status> {
-    berth_workspace::validate_id("node id", node_id).map_err(|error| Status::invalid_argument(error.to_string()))
+    Ok(berth_workspace::validate_id("node id", node_id).map_err(ControlPlaneError::from)?)
 }
 
 #[tonic::async_trait]
@@ -196,24 +205,20 @@ impl AdminService for AdminApi {
         let released = self.workspaces_on(&message.node_id);
         if !self.view.node_is_live(&message.node_id) && released.is_empty() && !self.view.is_draining(&message.node_id)
         {
-            return Err(Status::not_found(format!(
-                "node {} is not live and holds no workspace record",
-                message.node_id
-            )));
+            return Err(ControlPlaneError::NodeNotFound { node_id: message.node_id.clone() }.into());
         }
         if !released.is_empty() && !message.force && !self.view.is_draining(&message.node_id) {
             let mut named: Vec<&str> = released.iter().map(|workspace| workspace.workspace_id.as_str()).collect();
             named.sort_unstable();
             let more = named.len().saturating_sub(REFUSAL_LISTS_AT_MOST);
             named.truncate(REFUSAL_LISTS_AT_MOST);
-            return Err(Status::failed_precondition(format!(
-                "draining node {} would lose the data of {} workspace(s) (no snapshot store is configured; \
-                 they are re-placed empty on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
-                message.node_id,
-                released.len(),
-                named.join(", "),
-                if more > 0 { format!(" and {more} more") } else { String::new() },
-            )));
+            return Err(ControlPlaneError::DrainLosesData {
+                node_id: message.node_id.clone(),
+                count: released.len(),
+                named: named.into_iter().map(str::to_owned).collect(),
+                more,
+            }
+            .into());
         }
         let key = self.keys.drain(&message.node_id);
         let record = DrainRecord {

@@ -36,9 +36,7 @@ pub struct ContractApi {
 }
 
 impl ContractApi {
-    pub fn new(router: Arc<Router>) -> Self {
-        let node_call_timeout = router.binder().config.node_call_timeout;
-        let access = Access::new(Arc::clone(router.binder()));
+    pub fn new(router: Arc<Router>, access: Access, node_call_timeout: Duration) -> Self {
         Self { router, access, node_call_timeout }
     }
 
@@ -62,7 +60,7 @@ async fn header_of<M>(inbound: &mut Streaming<M>) -> Result<M, Status>
 where
     M: Send + 'static,
 {
-    inbound.message().await?.ok_or_else(|| Status::invalid_argument("the stream is empty; a header comes first"))
+    inbound.message().await?.ok_or_else(|| ControlPlaneError::EmptyStream.into())
 }
 
 #[tonic::async_trait]
@@ -152,7 +150,7 @@ impl ContractService for ContractApi {
         let mut inbound = request.into_inner();
         let first = header_of(&mut inbound).await?;
         let Some(add_skill_request::Msg::Header(header)) = &first.msg else {
-            return Err(Status::invalid_argument("the first AddSkill message must be a header"));
+            return Err(ControlPlaneError::MissingHeader { rpc: "AddSkill" }.into());
         };
         let id = self.authorize(&caller, &header.workspace_id).await?;
         check_skill_name(&header.name, false).map_err(invalid)?;
@@ -247,7 +245,7 @@ impl ContractService for ContractApi {
         let mut inbound = request.into_inner();
         let first = header_of(&mut inbound).await?;
         let Some(upload_tree_request::Msg::Header(header)) = &first.msg else {
-            return Err(Status::invalid_argument("the first UploadTree message must be a header"));
+            return Err(ControlPlaneError::MissingHeader { rpc: "UploadTree" }.into());
         };
         let id = self.authorize(&caller, &header.workspace_id).await?;
         tree_destination(&header.path).map_err(invalid)?;

@@ -1,60 +1,76 @@
 //! Sessions and workspace records: CreateSession, Get/Close, Get/List/CloseWorkspace.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use berth_proto::convert::{spec_from_proto, spec_to_proto, timestamp_from_unix_ms};
 use berth_proto::v1;
 use berth_workspace::{WorkspaceId, validate_id};
-use tonic::Status;
 
 use crate::auth::Principal;
 use crate::authz::{self, Access, Action, Caller};
-use crate::binding::{BindRequest, NewWorkspace};
+use crate::binding::{BindRequest, Binder, NewWorkspace};
+use crate::config::ControlPlaneConfig;
 use crate::error::ControlPlaneError;
-use crate::node_client::node_request;
+use crate::node_client::{NodeClients, node_request};
 use crate::policy::{IsolationPolicy, assign_workspace_id};
-use crate::records::{self, RECORD_VERSION, SessionRecord, StoredState, WorkspaceRecord, now_ms};
-use crate::router::Router;
+use crate::records::{RECORD_VERSION, SessionRecord, StoredState, WorkspaceRecord, now_ms};
+use crate::store::{LockFence, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
+// ShareWorkspace / UnshareWorkspace: more `impl Sessions`.
 mod sharing;
 
-pub use sharing::MAX_SHARED_WITH;
+/// Most users one workspace may be shared with (the record is read on every access).
+pub const MAX_SHARED_WITH: usize = 256;
 
 /// Largest page of ListWorkspaces.
 const MAX_PAGE: usize = 1000;
 
 pub struct Sessions {
-    router: Arc<Router>,
+    binder: Arc<Binder>,
+    store: WorkspaceStoreRef,
+    nodes: Arc<NodeClients>,
     access: Access,
+    isolation: IsolationPolicy,
+    node_call_timeout: Duration,
 }
 
 impl Sessions {
-    pub fn new(router: Arc<Router>, access: Access) -> Self {
-        Self { router, access }
+    pub fn new(
+        binder: Arc<Binder>,
+        store: WorkspaceStoreRef,
+        nodes: Arc<NodeClients>,
+        access: Access,
+        config: &ControlPlaneConfig,
+    ) -> Self {
+        Self { binder, store, nodes, access, isolation: config.isolation, node_call_timeout: config.node_call_timeout }
     }
 
-    pub async fn create(&self, caller: &Caller, request: v1::CreateSessionRequest) -> Result<v1::Session, Status> {
-        let binder = self.router.binder();
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        request: v1::CreateSessionRequest,
+    ) -> Result<v1::Session, ControlPlaneError> {
         // The user comes from the principal; only a service acting for users names another.
         let user = authz::user_for(caller.principal(), &request.user_id)?;
         let effective = acting_as(caller.principal(), &user);
         let agent = non_empty_id("agent id", &request.agent_id)?;
         let session_id = if request.session_id.is_empty() { mint_session_id() } else { request.session_id.clone() };
-        validate_id("session id", &session_id).map_err(ControlPlaneError::from)?;
+        validate_id("session id", &session_id)?;
         if !request.backend.is_empty() {
-            validate_id("backend", &request.backend).map_err(ControlPlaneError::from)?;
+            validate_id("backend", &request.backend)?;
         }
         let spec = spec_from_proto(request.spec);
-        spec.validate().map_err(ControlPlaneError::from)?;
-        let policy = binder.config.isolation;
+        spec.validate()?;
+        let policy = self.isolation;
         let explicit = !request.workspace_id.is_empty();
         let workspace_id = if explicit {
             request.workspace_id.clone()
         } else {
             assign_workspace_id(policy, &user, &agent, &session_id)
         };
-        let workspace_id = WorkspaceId::new(workspace_id).map_err(ControlPlaneError::from)?;
+        let workspace_id = WorkspaceId::new(workspace_id)?;
         caller.note_workspace(workspace_id.as_str());
         if explicit {
             match self.access.record(&workspace_id).await? {
@@ -63,14 +79,15 @@ impl Sessions {
                 // Policy ids are derivable by anyone: creating one explicitly would squat on
                 // another user's future workspace.
                 None if is_policy_id(workspace_id.as_str()) => {
-                    return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()).into());
+                    return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
                 }
                 None => {}
             }
         }
         let owner = if policy == IsolationPolicy::Global && !explicit { String::new() } else { user.clone() };
         let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec };
-        let record = binder
+        let record = self
+            .binder
             .ensure_ready(BindRequest { create: Some(create), ..BindRequest::existing(workspace_id.clone()) })
             .await?;
         // Checked again on what the bind returned: a concurrent create of the same explicit
@@ -85,58 +102,50 @@ impl Sessions {
             workspace_id: record.id.clone(),
             created_at_ms: now_ms(),
         };
-        let key = binder.keys.session(&session_id);
-        match binder
-            .registry
-            .create_if_absent(&key, records::encode(&session), 0)
-            .await
-            .map_err(ControlPlaneError::from)?
-        {
-            Ok(_) => Ok(session_to_proto(&session)),
-            Err(existing) => {
+        match self.store.create_session(&session).await? {
+            None => Ok(session_to_proto(&session)),
+            Some(existing) => {
                 // Creating a session that exists with the same binding is idempotent.
-                let existing: SessionRecord =
-                    records::decode(&key, &existing.value).map_err(ControlPlaneError::from)?;
                 if existing.user == session.user
                     && existing.agent == session.agent
                     && existing.workspace_id == session.workspace_id
                 {
                     Ok(session_to_proto(&existing))
                 } else {
-                    Err(ControlPlaneError::SessionConflict { session_id }.into())
+                    Err(ControlPlaneError::SessionConflict { session_id })
                 }
             }
         }
     }
 
-    pub async fn get(&self, caller: &Caller, session_id: &str) -> Result<v1::Session, Status> {
+    pub async fn get(&self, caller: &Caller, session_id: &str) -> Result<v1::Session, ControlPlaneError> {
         let session = self.read_session(session_id).await?;
         caller.note_workspace(session.workspace_id.as_str());
         authz::authorize_session(caller.principal(), &session)?;
         Ok(session_to_proto(&session))
     }
 
-    async fn read_session(&self, session_id: &str) -> Result<SessionRecord, Status> {
-        let binder = self.router.binder();
-        validate_id("session id", session_id).map_err(ControlPlaneError::from)?;
-        let key = binder.keys.session(session_id);
-        let found = binder.registry.get(&key).await.map_err(ControlPlaneError::from)?;
-        let kv = found.ok_or_else(|| ControlPlaneError::SessionNotFound(session_id.to_owned()))?;
-        Ok(records::decode(&key, &kv.value).map_err(ControlPlaneError::from)?)
+    async fn read_session(&self, session_id: &str) -> Result<SessionRecord, ControlPlaneError> {
+        validate_id("session id", session_id)?;
+        let found = self.store.session(session_id).await?;
+        found.ok_or_else(|| ControlPlaneError::SessionNotFound(session_id.to_owned()))
     }
 
-    pub async fn close(&self, caller: &Caller, session_id: &str) -> Result<v1::CloseSessionResponse, Status> {
-        let binder = self.router.binder();
+    pub async fn close(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+    ) -> Result<v1::CloseSessionResponse, ControlPlaneError> {
         let session = self.read_session(session_id).await?;
         caller.note_workspace(session.workspace_id.as_str());
         authz::authorize_session(caller.principal(), &session)?;
-        if !binder.registry.delete(&binder.keys.session(session_id)).await.map_err(ControlPlaneError::from)? {
-            return Err(ControlPlaneError::SessionNotFound(session_id.to_owned()).into());
+        if !self.store.delete_session(session_id).await? {
+            return Err(ControlPlaneError::SessionNotFound(session_id.to_owned()));
         }
         Ok(v1::CloseSessionResponse {})
     }
 
-    pub async fn get_workspace(&self, caller: &Caller, workspace_id: &str) -> Result<v1::Workspace, Status> {
+    pub async fn get_workspace(&self, caller: &Caller, workspace_id: &str) -> Result<v1::Workspace, ControlPlaneError> {
         let (_, record) = self.access.workspace(caller, workspace_id, Action::View).await?;
         Ok(self.workspace_to_proto(&record))
     }
@@ -146,19 +155,17 @@ impl Sessions {
         &self,
         caller: &Caller,
         request: &v1::ListWorkspacesRequest,
-    ) -> Result<v1::ListWorkspacesResponse, Status> {
-        let binder = self.router.binder();
+    ) -> Result<v1::ListWorkspacesResponse, ControlPlaneError> {
         let page_size = match request.page_size as usize {
             0 => 100,
             size => size.min(MAX_PAGE),
         };
         // A range scan from the page token: paging through the whole view is linear.
-        let (page, more) = binder.view.workspaces.page(&request.page_token, page_size, |record| {
+        let (matching, more) = self.store.workspace_page(&request.page_token, page_size, |record| {
             (request.user_id.is_empty() || record.owner == request.user_id)
                 && (request.agent_id.is_empty() || record.agent == request.agent_id)
                 && authz::authorize(caller.principal(), record, Action::View).is_ok()
         });
-        let matching: Vec<Arc<WorkspaceRecord>> = page.into_iter().map(|entry| entry.record).collect();
         let next_page_token =
             if more { matching.last().map(|record| record.id.to_string()).unwrap_or_default() } else { String::new() };
         Ok(v1::ListWorkspacesResponse {
@@ -174,19 +181,16 @@ impl Sessions {
         caller: &Caller,
         workspace_id: &str,
         destroy: bool,
-    ) -> Result<v1::CloseWorkspaceResponse, Status> {
+    ) -> Result<v1::CloseWorkspaceResponse, ControlPlaneError> {
         let (workspace_id, _) = self.access.workspace(caller, workspace_id, Action::Manage).await?;
         let workspace_id = &workspace_id;
-        let binder = self.router.binder();
-        let Some(fence) = binder.try_lock(workspace_id).await? else {
-            return Err(berth_proto::meta::mark_retryable(Status::aborted(format!(
-                "workspace {workspace_id} is being bound or swept right now; retry"
-            ))));
+        let Some(fence) = self.store.try_lock(workspace_id).await? else {
+            return Err(ControlPlaneError::LockBusy { workspace_id: workspace_id.to_string() });
         };
-        let lock_key = binder.keys.lock(workspace_id);
         let outcome = self.close_locked(workspace_id, destroy, fence).await;
-        if outcome.is_err() || destroy {
-            binder.release_lock(&lock_key, fence).await;
+        if outcome.is_err() {
+            // On success the fenced write or delete already deleted the lock.
+            self.store.release_lock(workspace_id, fence).await;
         }
         outcome
     }
@@ -195,17 +199,14 @@ impl Sessions {
         &self,
         workspace_id: &WorkspaceId,
         destroy: bool,
-        fence: i64,
-    ) -> Result<v1::CloseWorkspaceResponse, Status> {
-        let binder = self.router.binder();
-        let key = binder.keys.workspace(workspace_id);
-        let (found, _) = binder.read_record(&key).await?;
-        let Some((mut record, _)) = found else {
-            return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()).into());
+        fence: LockFence,
+    ) -> Result<v1::CloseWorkspaceResponse, ControlPlaneError> {
+        let Some(mut record) = self.store.load(workspace_id).await? else {
+            return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
         };
-        if let Some(node) = record.node_id.as_deref().and_then(|node_id| binder.view.node(node_id)) {
-            let mut client = binder.nodes.get(&node.address)?;
-            let timeout = binder.config.node_call_timeout;
+        if let Some(node) = record.node_id.as_deref().and_then(|node_id| self.store.node(node_id)) {
+            let mut client = self.nodes.get(&node.address)?;
+            let timeout = self.node_call_timeout;
             let id = workspace_id.to_string();
             if destroy {
                 client
@@ -218,19 +219,19 @@ impl Sessions {
             }
         }
         if destroy {
-            // The record goes; the lock is released by the caller.
-            binder.registry.delete(&key).await.map_err(ControlPlaneError::from)?;
+            // The record and its lock go in one fenced transaction.
+            self.store.delete_fenced(workspace_id, fence).await?;
         } else {
             record.state = StoredState::Idle;
             record.updated_at_ms = now_ms();
-            record.changed_by = binder.config.replica_id.clone();
-            binder.write_fenced(workspace_id, &record, fence).await?;
+            record.changed_by = self.store.replica_id().to_owned();
+            self.store.write_fenced(&record, fence).await?;
         }
         Ok(v1::CloseWorkspaceResponse {})
     }
 
     pub fn workspace_to_proto(&self, record: &WorkspaceRecord) -> v1::Workspace {
-        let state = match self.router.binder().view.effective_state(record) {
+        let state = match self.store.effective_state(record) {
             EffectiveState::Ready => v1::WorkspaceState::Ready,
             EffectiveState::Idle => v1::WorkspaceState::Idle,
             EffectiveState::Lost => v1::WorkspaceState::Lost,
@@ -269,8 +270,8 @@ pub fn is_policy_id(id: &str) -> bool {
     id.strip_prefix("ws-").is_some_and(|hash| hash.len() == 64 && hash.bytes().all(|byte| byte.is_ascii_hexdigit()))
 }
 
-fn non_empty_id(kind: &'static str, value: &str) -> Result<String, Status> {
-    validate_id(kind, value).map_err(ControlPlaneError::from)?;
+fn non_empty_id(kind: &'static str, value: &str) -> Result<String, ControlPlaneError> {
+    validate_id(kind, value)?;
     Ok(value.to_owned())
 }
 

@@ -30,10 +30,8 @@ pub struct WorkspaceApi {
 }
 
 impl WorkspaceApi {
-    pub fn new(router: Arc<Router>) -> Self {
-        let node_call_timeout = router.binder().config.node_call_timeout;
-        let access = Access::new(Arc::clone(router.binder()));
-        Self { sessions: Sessions::new(Arc::clone(&router), access.clone()), router, access, node_call_timeout }
+    pub fn new(router: Arc<Router>, sessions: Sessions, access: Access, node_call_timeout: Duration) -> Self {
+        Self { router, sessions, access, node_call_timeout }
     }
 
     /// Authorizes `action` on the workspace for the request's caller (the one check of
@@ -155,7 +153,7 @@ impl WorkspaceService for WorkspaceApi {
         let mut inbound = request.into_inner();
         let header = match inbound.message().await? {
             Some(v1::WriteFileRequest { msg: Some(WriteMsg::Header(header)) }) => header,
-            _ => return Err(Status::invalid_argument("the first WriteFile message must be a header")),
+            _ => return Err(ControlPlaneError::MissingHeader { rpc: "WriteFile" }.into()),
         };
         check_path(&header.path)?;
         let (id, _) = self.access.workspace(&caller, &header.workspace_id, Action::Use).await?;

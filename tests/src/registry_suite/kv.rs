@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use super::{Case, ok};
+use super::case::{Case, ok};
 use berth_control_plane::registry::{Txn, TxnOp};
 
 pub async fn put_get_delete(case: Case) {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Case, eventually, ok, within};
+use super::case::{Case, eventually, ok, within};
 use berth_control_plane::registry::{Registry, RegistryError, Txn, TxnOp};
 
 /// Requested TTL; implementations may round it up to their minimum.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Case, ok, within};
+use super::case::{Case, ok, within};
 use berth_control_plane::registry::{Compare, CompareOp, CompareTarget, RegistryError, Txn, TxnOp, TxnOpResponse};
 
 pub async fn create_if_absent_creates_once(case: Case) {

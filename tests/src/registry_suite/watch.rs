@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::{Case, next_batch, ok, within};
+use super::case::{Case, next_batch, ok, within};
 use berth_control_plane::registry::{RegistryError, Txn, TxnOp, WatchEvent, WatchStream};
 
 /// Expects the next watch item to be exactly one `Put` of `key` with `value` at `revision`.

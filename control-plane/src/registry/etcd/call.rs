@@ -93,25 +93,9 @@ enum Delivery {
 }
 
 /// Runs `attempt` until it succeeds, fails for good, or the call deadline passes. Every
-/// etcd call passes here, so this is where its latency and final error are recorded.
+/// etcd call passes here. Latency and errors are recorded by the caller's decorator
+/// (`crate::registry_metrics`), not here: the registry knows nothing of metrics.
 pub(super) async fn with_retries<T, F, Fut>(
-    policy: CallPolicy,
-    operation: &'static str,
-    retry: Retry,
-    context: ErrorContext,
-    attempt: F,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = std::result::Result<T, AttemptError>>,
-{
-    let started = std::time::Instant::now();
-    let outcome = retry_until_done(policy, operation, retry, context, attempt).await;
-    crate::metrics::etcd_call(operation, started.elapsed(), outcome.as_ref().err());
-    outcome
-}
-
-async fn retry_until_done<T, F, Fut>(
     policy: CallPolicy,
     operation: &'static str,
     retry: Retry,

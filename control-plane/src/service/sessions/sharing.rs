@@ -3,15 +3,12 @@
 
 use berth_proto::v1;
 use berth_workspace::{WorkspaceId, validate_id};
-use tonic::Status;
 
-use super::Sessions;
+use super::{MAX_SHARED_WITH, Sessions};
 use crate::authz::{self, Action, Caller};
 use crate::error::ControlPlaneError;
 use crate::records::now_ms;
-
-/// Most users one workspace may be shared with (the record is read on every access).
-pub const MAX_SHARED_WITH: usize = 256;
+use crate::store::LockFence;
 
 impl Sessions {
     /// Adds (`share`) or removes `user` from the workspace's `shared_with`. Owner or admin
@@ -22,19 +19,16 @@ impl Sessions {
         workspace_id: &str,
         user: &str,
         share: bool,
-    ) -> Result<v1::Workspace, Status> {
+    ) -> Result<v1::Workspace, ControlPlaneError> {
         let (workspace_id, _) = self.access.workspace(caller, workspace_id, Action::Manage).await?;
-        validate_id("user id", user).map_err(ControlPlaneError::from)?;
-        let binder = self.router.binder();
-        let Some(fence) = binder.try_lock(&workspace_id).await? else {
-            return Err(berth_proto::meta::mark_retryable(Status::aborted(format!(
-                "workspace {workspace_id} is being bound or swept right now; retry"
-            ))));
+        validate_id("user id", user)?;
+        let Some(fence) = self.store.try_lock(&workspace_id).await? else {
+            return Err(ControlPlaneError::LockBusy { workspace_id: workspace_id.to_string() });
         };
         let outcome = self.set_shared_locked(caller, &workspace_id, user, share, fence).await;
         if outcome.is_err() {
             // On success the fenced write already deleted the lock.
-            binder.release_lock(&binder.keys.lock(&workspace_id), fence).await;
+            self.store.release_lock(&workspace_id, fence).await;
         }
         outcome
     }
@@ -45,12 +39,10 @@ impl Sessions {
         workspace_id: &WorkspaceId,
         user: &str,
         share: bool,
-        fence: i64,
-    ) -> Result<v1::Workspace, Status> {
-        let binder = self.router.binder();
-        let (found, _) = binder.read_record(&binder.keys.workspace(workspace_id)).await?;
-        let Some((mut record, _)) = found else {
-            return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()).into());
+        fence: LockFence,
+    ) -> Result<v1::Workspace, ControlPlaneError> {
+        let Some(mut record) = self.store.load(workspace_id).await? else {
+            return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
         };
         // Re-checked on the record read under the lock.
         authz::authorize(caller.principal(), &record, Action::Manage)?;
@@ -62,8 +54,7 @@ impl Sessions {
                         limit: "users a workspace is shared with",
                         size: record.shared_with.len() as u64 + 1,
                         max: MAX_SHARED_WITH as u64,
-                    })
-                    .into());
+                    }));
                 }
                 record.shared_with.push(user.to_owned());
                 record.shared_with.sort();
@@ -71,16 +62,16 @@ impl Sessions {
             (false, true) => record.shared_with.retain(|shared| shared != user),
             // Nothing to change: free the lock, answer with the record as it is.
             _ => {
-                binder.release_lock(&binder.keys.lock(workspace_id), fence).await;
+                self.store.release_lock(workspace_id, fence).await;
                 return Ok(self.workspace_to_proto(&record));
             }
         }
         record.updated_at_ms = now_ms();
-        record.changed_by = binder.config.replica_id.clone();
-        binder.write_fenced(workspace_id, &record, fence).await?;
+        record.changed_by = self.store.replica_id().to_owned();
+        self.store.write_fenced(&record, fence).await?;
         // Read back into this replica's view, so a revocation holds here at once (other
         // replicas follow through their watch within moments).
-        let (found, _) = binder.read_record(&binder.keys.workspace(workspace_id)).await?;
-        Ok(self.workspace_to_proto(found.map(|(fresh, _)| fresh).as_ref().unwrap_or(&record)))
+        let fresh = self.store.load(workspace_id).await?;
+        Ok(self.workspace_to_proto(fresh.as_ref().unwrap_or(&record)))
     }
 }

@@ -1,0 +1,339 @@
+//! `WorkspaceStore`: the one owner of a replica's workspace state — workspace records,
+//! sessions and bind locks in the registry, and reads of the watch-fed view. Binding,
+//! routing, authorization, sessions, sharing, the sweeper and the admin API go through its
+//! typed methods; no other module builds a workspace, session or lock key.
+//!
+//! What is durable: records (`/workspaces/<id>`) and sessions (`/sessions/<id>`). Bind
+//! locks (`/locks/<id>`) and leader keys hang on this replica's lease and vanish with it.
+//! Rebuilt at start: the view (list + watch). What fences: a bind lock's create revision
+//! ([`LockFence`]); every record write and delete compares it in the same transaction.
+//! Every linearizable record read is folded into the view, so the view never lags what
+//! this replica has already seen.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_workspace::WorkspaceId;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::error::{ControlPlaneError, Result};
+use crate::keys::Keys;
+use crate::lease::ReplicaLease;
+use crate::records::{self, NodeRecord, SessionRecord, StoredState, WorkspaceRecord};
+use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, WatchEvent};
+use crate::view::{EffectiveState, ReplicaView};
+
+pub type WorkspaceStoreRef = Arc<WorkspaceStore>;
+
+/// The fencing token of a bind lock this replica holds: the lock's create revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockFence(i64);
+
+/// A bind lock another replica (or an earlier bind of ours) holds.
+#[derive(Clone, Copy, Debug)]
+pub struct HeldLock {
+    /// Where a watch for its release starts (exclusive).
+    mod_revision: i64,
+}
+
+/// What taking a bind lock gave.
+#[derive(Debug)]
+pub enum Lock {
+    Ours(LockFence),
+    Held(HeldLock),
+}
+
+/// How waiting for a lock holder ended.
+pub enum HolderOutcome {
+    /// The record turned READY or FAILED.
+    Record(Box<WorkspaceRecord>),
+    /// The lock went away without such a record (holder died, stalled or gave up), or the
+    /// watch broke: look again from the top.
+    LockReleased,
+}
+
+pub struct WorkspaceStore {
+    registry: RegistryRef,
+    keys: Keys,
+    view: Arc<ReplicaView>,
+    lease: Arc<ReplicaLease>,
+    replica_id: String,
+}
+
+impl WorkspaceStore {
+    pub fn new(
+        registry: RegistryRef,
+        keys: Keys,
+        view: Arc<ReplicaView>,
+        lease: Arc<ReplicaLease>,
+        replica_id: impl Into<String>,
+    ) -> Self {
+        Self { registry, keys, view, lease, replica_id: replica_id.into() }
+    }
+
+    /// The replica this store writes for (`changed_by` of records, lock and leader values).
+    pub fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+
+    // ---- view reads: no registry call ------------------------------------------------
+
+    /// The record as this replica's view last saw it.
+    pub fn cached(&self, workspace_id: &WorkspaceId) -> Option<Arc<WorkspaceRecord>> {
+        self.view.workspace(workspace_id.as_str()).map(|entry| entry.record)
+    }
+
+    /// The cached record if it is READY on a live node (the hot path of every call).
+    pub fn cached_ready(&self, workspace_id: &WorkspaceId) -> Option<Arc<WorkspaceRecord>> {
+        self.cached(workspace_id).filter(|record| self.effective_state(record) == EffectiveState::Ready)
+    }
+
+    pub fn effective_state(&self, record: &WorkspaceRecord) -> EffectiveState {
+        self.view.effective_state(record)
+    }
+
+    /// Whether a workspace recorded on `node_id` is usable there (live and not drained).
+    pub fn node_holds_workspaces(&self, node_id: &str) -> bool {
+        self.view.node_holds_workspaces(node_id)
+    }
+
+    /// A live node's record.
+    pub fn node(&self, node_id: &str) -> Option<Arc<NodeRecord>> {
+        self.view.node(node_id)
+    }
+
+    /// The workspace's last access as its node reported it in a heartbeat.
+    pub fn last_access_ms(&self, record: &WorkspaceRecord) -> Option<i64> {
+        let node = self.view.node(record.node_id.as_deref().unwrap_or_default())?;
+        node.last_access_ms.get(record.id.as_str()).copied()
+    }
+
+    /// Every workspace in the view, in id order.
+    pub fn workspaces(&self) -> Vec<Arc<WorkspaceRecord>> {
+        self.view.workspaces.all().into_iter().map(|entry| entry.record).collect()
+    }
+
+    /// Up to `limit` workspaces with ids after `after` that pass `keep`, in id order, and
+    /// whether more follow (a range scan of the view).
+    pub fn workspace_page(
+        &self,
+        after: &str,
+        limit: usize,
+        keep: impl FnMut(&WorkspaceRecord) -> bool,
+    ) -> (Vec<Arc<WorkspaceRecord>>, bool) {
+        let (page, more) = self.view.workspaces.page(after, limit, keep);
+        (page.into_iter().map(|entry| entry.record).collect(), more)
+    }
+
+    // ---- workspace records ---------------------------------------------------------
+
+    /// A linearizable read of the record, folded into the view (a put, or a delete at the
+    /// revision absence was observed).
+    pub async fn load(&self, workspace_id: &WorkspaceId) -> Result<Option<WorkspaceRecord>> {
+        let key = self.keys.workspace(workspace_id);
+        let response = self.registry.txn(Txn::new().and_then([TxnOp::get(&key)])).await?;
+        match response.first_get() {
+            Some(kv) => {
+                self.view.workspaces.apply_put(kv);
+                Ok(Some(records::decode::<WorkspaceRecord>(&key, &kv.value)?))
+            }
+            None => {
+                self.view.workspaces.apply_delete(&key, response.revision);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Writes the record and deletes its lock in one transaction, only if we still hold the
+    /// lock we took (its create revision is the fence).
+    pub async fn write_fenced(&self, record: &WorkspaceRecord, fence: LockFence) -> Result<()> {
+        let put = TxnOp::put(self.keys.workspace(&record.id), records::encode(record));
+        self.fenced(&record.id, fence, put).await
+    }
+
+    /// Deletes the record and its lock in one transaction, only if we still hold the lock.
+    pub async fn delete_fenced(&self, workspace_id: &WorkspaceId, fence: LockFence) -> Result<()> {
+        self.fenced(workspace_id, fence, TxnOp::delete(self.keys.workspace(workspace_id))).await
+    }
+
+    async fn fenced(&self, workspace_id: &WorkspaceId, fence: LockFence, change: TxnOp) -> Result<()> {
+        let lock_key = self.keys.lock(workspace_id);
+        let response = self
+            .registry
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(&lock_key, fence.0)])
+                    .and_then([change, TxnOp::delete(&lock_key)]),
+            )
+            .await?;
+        if !response.succeeded {
+            return Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() });
+        }
+        Ok(())
+    }
+
+    // ---- bind locks ----------------------------------------------------------------
+
+    /// Creates the bind lock on this replica's lease. Its value is the replica id plus a
+    /// fresh nonce, so after an ambiguous failure (the create may or may not have landed)
+    /// one read tells whether the lock is ours — an own lock left behind would otherwise
+    /// block the workspace for as long as this replica lives.
+    pub async fn acquire_lock(&self, workspace_id: &WorkspaceId) -> Result<Lock> {
+        let lock_key = self.keys.lock(workspace_id);
+        let holder = format!("{}/{:016x}", self.replica_id, rand::random::<u64>());
+        let held = |lock: registry::KeyValue| Lock::Held(HeldLock { mod_revision: lock.mod_revision });
+        match self.registry.create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id()).await {
+            Ok(Ok(create_revision)) => Ok(Lock::Ours(LockFence(create_revision))),
+            Ok(Err(lock)) => Ok(held(lock)),
+            Err(error) if error.is_retryable() => match self.registry.get(&lock_key).await {
+                Ok(Some(lock)) if lock.value == holder.as_bytes() => Ok(Lock::Ours(LockFence(lock.create_revision))),
+                Ok(Some(lock)) => Ok(held(lock)),
+                Ok(None) => Err(error.into()),
+                // Still unknown whether the create landed: if it did, the lock is ours and
+                // nobody else will ever delete it.
+                Err(read_error) => {
+                    keep_releasing(Arc::clone(&self.registry), lock_key, OwnLock::Value(Bytes::from(holder)));
+                    Err(read_error.into())
+                }
+            },
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Takes the bind lock for a state change other than a bind (sweeper, close, share).
+    /// Returns the fence, or `None` when another replica holds it.
+    pub async fn try_lock(&self, workspace_id: &WorkspaceId) -> Result<Option<LockFence>> {
+        match self.acquire_lock(workspace_id).await? {
+            Lock::Ours(fence) => Ok(Some(fence)),
+            Lock::Held(_) => Ok(None),
+        }
+    }
+
+    /// Deletes the lock if it is still ours. When etcd does not answer, the release is
+    /// retried in the background: the lock hangs on this replica's lease, which lives as long
+    /// as the replica does, so a lock left behind would make every bind of the workspace, on
+    /// every replica, wait for this replica to die.
+    pub async fn release_lock(&self, workspace_id: &WorkspaceId, fence: LockFence) {
+        let lock_key = self.keys.lock(workspace_id);
+        let txn = Txn::new().when([Compare::create_revision(&lock_key, fence.0)]).and_then([TxnOp::delete(&lock_key)]);
+        if let Err(error) = self.registry.txn(txn).await {
+            tracing::warn!(lock = %lock_key, %error, "releasing a bind lock failed; retrying in the background");
+            keep_releasing(Arc::clone(&self.registry), lock_key, OwnLock::Fence(fence.0));
+        }
+    }
+
+    /// Waits until the lock holder finishes: the record turns READY / FAILED, or the lock
+    /// goes away. Watches start right after the lock's revision so nothing is missed.
+    pub async fn wait_for_holder(&self, workspace_id: &WorkspaceId, lock: &HeldLock) -> Result<HolderOutcome> {
+        let record_key = self.keys.workspace(workspace_id);
+        let lock_key = self.keys.lock(workspace_id);
+        let from = lock.mod_revision + 1;
+        let records_watch = self.registry.watch_prefix(&record_key, from).await?;
+        let locks_watch = self.registry.watch_prefix(&lock_key, from).await?;
+        let mut events = futures::stream::select(records_watch, locks_watch);
+        while let Some(batch) = events.next().await {
+            for event in batch? {
+                match event {
+                    WatchEvent::Put(kv) if kv.key == record_key => {
+                        self.view.workspaces.apply_put(&kv);
+                        let record = records::decode::<WorkspaceRecord>(&kv.key, &kv.value)?;
+                        if matches!(record.state, StoredState::Ready | StoredState::Failed) {
+                            return Ok(HolderOutcome::Record(Box::new(record)));
+                        }
+                    }
+                    WatchEvent::Delete { key, .. } if key == lock_key => return Ok(HolderOutcome::LockReleased),
+                    _ => {}
+                }
+            }
+        }
+        // The watch broke: look again from the top.
+        Ok(HolderOutcome::LockReleased)
+    }
+
+    // ---- sessions ------------------------------------------------------------------
+
+    /// Creates the session if its id is free; returns the existing one otherwise.
+    pub async fn create_session(&self, session: &SessionRecord) -> Result<Option<SessionRecord>> {
+        let key = self.keys.session(&session.session_id);
+        match self.registry.create_if_absent(&key, records::encode(session), 0).await? {
+            Ok(_) => Ok(None),
+            Err(existing) => Ok(Some(records::decode(&key, &existing.value)?)),
+        }
+    }
+
+    pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>> {
+        let key = self.keys.session(session_id);
+        match self.registry.get(&key).await? {
+            Some(kv) => Ok(Some(records::decode(&key, &kv.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Deletes the session; `false` when it did not exist.
+    pub async fn delete_session(&self, session_id: &str) -> Result<bool> {
+        Ok(self.registry.delete(&self.keys.session(session_id)).await?)
+    }
+
+    // ---- leadership ----------------------------------------------------------------
+
+    /// Becomes or stays the leader of `role`: the leader key exists on our current lease
+    /// (so it goes with this replica's lease, like its bind locks).
+    pub async fn lead(&self, role: &str) -> registry::Result<Leadership> {
+        let key = self.keys.leader(role);
+        let lease = self.lease.id();
+        let holder = Bytes::from(self.replica_id.clone());
+        match self.registry.create_if_absent(&key, holder.clone(), lease).await? {
+            Ok(_) => Ok(Leadership::Became),
+            Err(existing) if existing.value == holder && existing.lease == lease => Ok(Leadership::Kept),
+            Err(_) => Ok(Leadership::Other),
+        }
+    }
+}
+
+/// What [`WorkspaceStore::lead`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leadership {
+    /// This replica just took the leader key.
+    Became,
+    /// This replica already held it on its current lease.
+    Kept,
+    /// Another replica (or an older lease of ours) holds it.
+    Other,
+}
+
+/// How a bind lock this replica may still hold is recognised.
+enum OwnLock {
+    /// We hold it; its create revision.
+    Fence(i64),
+    /// We may hold it: its value would be this (replica id and a nonce of ours).
+    Value(Bytes),
+}
+
+/// Deletes a lock of ours in the background once etcd answers again, with capped backoff.
+/// Safe at any later time: the delete compares the create revision, so a newer lock on the
+/// same key (ours or another replica's) is never touched.
+fn keep_releasing(registry: RegistryRef, lock_key: String, own: OwnLock) {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            let fence = match &own {
+                OwnLock::Fence(fence) => *fence,
+                OwnLock::Value(value) => match registry.get(&lock_key).await {
+                    Ok(Some(lock)) if lock.value == *value => lock.create_revision,
+                    // Gone, or someone else's: nothing of ours to release.
+                    Ok(_) => return,
+                    Err(_) => continue,
+                },
+            };
+            let txn =
+                Txn::new().when([Compare::create_revision(&lock_key, fence)]).and_then([TxnOp::delete(&lock_key)]);
+            if registry.txn(txn).await.is_ok() {
+                tracing::info!(lock = %lock_key, "released a bind lock after retrying");
+                return;
+            }
+        }
+    });
+}
