@@ -17,7 +17,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // ring is the one crypto provider of the tree (DEPENDENCIES.md); installed once, before
+    // ring is the one crypto provider of the tree (docs/dependencies.md); installed once, before
     // any TLS config is built. An error means one is installed already, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
 

@@ -1,6 +1,6 @@
 //! Authorization: what an authenticated [`Principal`] may do. Every check lives here.
 //!
-//! Rules (DESIGN.md §5; the test `tests/authz_matrix.rs` holds the full matrix):
+//! Rules (docs/design.md §5; the test `tests/authz_matrix.rs` holds the full matrix):
 //!
 //! | who (as `principal.user()`)           | View | Use (exec, files…) | Manage (close, share) |
 //! |---------------------------------------|------|--------------------|-----------------------|

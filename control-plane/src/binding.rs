@@ -1,4 +1,4 @@
-//! Binding: exactly one workspace per id, however many replicas race (DESIGN.md §4.2).
+//! Binding: exactly one workspace per id, however many replicas race (docs/design.md §4.2).
 //!
 //! 1. In-replica single-flight: concurrent binds of one id share one spawned task, so a
 //!    client that gives up never leaves a bind (and its lock) half-done.

@@ -1,4 +1,4 @@
-//! `NodeService.Heartbeat`: node registration and liveness (DESIGN.md §4.3).
+//! `NodeService.Heartbeat`: node registration and liveness (docs/design.md §4.3).
 //!
 //! The replica holding a node's stream keeps the node's lease alive, one keep-alive per
 //! heartbeat: a node that stops heartbeating loses its key within the lease TTL, and every

@@ -1,4 +1,4 @@
-//! The registry key layout (DESIGN.md §4.1). Every key is built here.
+//! The registry key layout (docs/design.md §4.1). Every key is built here.
 
 use berth_workspace::WorkspaceId;
 

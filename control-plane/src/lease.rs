@@ -1,5 +1,5 @@
 //! The replica's own lease: bind locks, the sweeper's leadership and the replica's record
-//! hang on it, so all of them vanish when the replica dies (DESIGN.md §4.2).
+//! hang on it, so all of them vanish when the replica dies (docs/design.md §4.2).
 
 use std::sync::Arc;
 use std::time::Duration;

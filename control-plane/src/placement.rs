@@ -1,4 +1,4 @@
-//! Placement: which live node gets a workspace (DESIGN.md §4.3).
+//! Placement: which live node gets a workspace (docs/design.md §4.3).
 //!
 //! Among live, non-draining nodes that offer the backend and match the selector: the node
 //! that already holds the workspace's data if it qualifies, else the least loaded. Load is

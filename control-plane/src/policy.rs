@@ -1,4 +1,4 @@
-//! Isolation policies: which workspace a `(user, agent, session)` gets (DESIGN.md §2, §4.2).
+//! Isolation policies: which workspace a `(user, agent, session)` gets (docs/design.md §2, §4.2).
 
 use std::fmt;
 use std::str::FromStr;

@@ -3,7 +3,7 @@
 //!
 //! Durable: everything here. Rebuilt at start: each replica's in-memory view of workspaces
 //! and nodes (from a list + watch). Fencing: the bind lock's `create_revision` guards every
-//! write of a workspace record made under that lock (DESIGN.md §4.2).
+//! write of a workspace record made under that lock (docs/design.md §4.2).
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};

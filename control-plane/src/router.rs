@@ -1,4 +1,4 @@
-//! Routing of workspace operations to the node agent holding the workspace (DESIGN.md §4.4).
+//! Routing of workspace operations to the node agent holding the workspace (docs/design.md §4.4).
 //!
 //! The hot path is a view lookup. A node answering "wrong generation", "fenced" or being
 //! unreachable means the view may be stale: the router re-reads the record linearizably,

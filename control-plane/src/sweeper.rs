@@ -1,4 +1,4 @@
-//! Idle sweeper (DESIGN.md §4.5): one replica at a time — the holder of
+//! Idle sweeper (docs/design.md §4.5): one replica at a time — the holder of
 //! `/leader/sweeper`, a key on its lease — releases the runtime of workspaces idle past the
 //! TTL and marks them IDLE. Last access comes from the nodes' heartbeats (in the node
 //! records), never from a registry write per request.

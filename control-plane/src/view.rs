@@ -1,4 +1,4 @@
-//! The replica's in-memory view of workspaces and nodes (DESIGN.md §4.1): one watch-fed
+//! The replica's in-memory view of workspaces and nodes (docs/design.md §4.1): one watch-fed
 //! mirror per key prefix, one writer task each, many readers. The hot path resolves a
 //! workspace with a map lookup and no registry read.
 //!

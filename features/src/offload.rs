@@ -1,5 +1,5 @@
 //! Context offload: conversations and large tool results go to the workspace's files, so
-//! an agent's context keeps a reference instead of the bytes (DESIGN.md §3).
+//! an agent's context keeps a reference instead of the bytes (docs/design.md §3).
 //!
 //! - [`offload_context`] appends one JSON line per message to
 //!   `sessions/<session_id>/context.jsonl` with the backend's `append_file` (never a

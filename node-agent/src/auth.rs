@@ -1,4 +1,4 @@
-//! Only the control plane may call a node agent (DESIGN.md §5).
+//! Only the control plane may call a node agent (docs/design.md §5).
 //!
 //! Two mechanisms, usable together: a shared secret every replica sends as
 //! `authorization: Bearer <secret>` (checked here, in constant time, on every call but the

@@ -1,5 +1,5 @@
 //! Self-fencing: a node whose lease may have expired stops serving workspace calls until it
-//! has registered again (DESIGN.md §4.3). Separate from "a call failed": this is "the node
+//! has registered again (docs/design.md §4.3). Separate from "a call failed": this is "the node
 //! must stop".
 
 use std::sync::atomic::{AtomicBool, Ordering};

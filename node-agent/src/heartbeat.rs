@@ -1,4 +1,4 @@
-//! The node's heartbeat stream to a replica (DESIGN.md §4.3).
+//! The node's heartbeat stream to a replica (docs/design.md §4.3).
 //!
 //! The agent starts at a replica picked from its node id (spreading nodes over replicas),
 //! registers, then reports load and per-workspace last access every interval. When the

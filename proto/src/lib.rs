@@ -1,6 +1,6 @@
 //! The Berth wire contract: generated `berth.v1` types, clients and servers.
 //!
-//! Everything here is a compatibility contract (STYLE.md, Naming): field numbers are never
+//! Everything here is a compatibility contract (docs/design.md §1): field numbers are never
 //! reused. Conversions to and from domain types live next to the domain crates' types in
 //! [`convert`], so `berth-workspace` never sees gRPC.
 

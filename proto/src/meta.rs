@@ -1,5 +1,5 @@
 //! gRPC metadata keys Berth puts on requests and statuses. Retry facts travel here, not in
-//! message prose (STYLE.md, Errors).
+//! message prose (docs/design.md §4.4).
 
 /// Request metadata (replica -> node agent): generation of the workspace the replica
 /// believes the node holds.

@@ -1,5 +1,5 @@
 //! TLS settings shared by replicas, node agents and the CLI (rustls with ring through
-//! tonic's `tls-ring` feature; DEPENDENCIES.md). Files are PEM.
+//! tonic's `tls-ring` feature; docs/dependencies.md). Files are PEM.
 //!
 //! - Public listener: [`server_config`] with a cert and key (`--tls-cert`, `--tls-key`).
 //! - Replica -> node agent (mTLS): the node serves with its cert and requires a client cert

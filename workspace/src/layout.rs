@@ -1,4 +1,4 @@
-//! The fixed layout of every workspace root (DESIGN.md §3).
+//! The fixed layout of every workspace root (docs/design.md §3).
 //!
 //! ```text
 //! .mcp        JSON array of MCP server declarations ("[]" when seeded)

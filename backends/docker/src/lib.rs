@@ -7,7 +7,7 @@
 //! - `process.rs`: spawn and kill of exec process trees. `files.rs`: confined, atomic
 //!   file I/O. `scripts/`: the shell side of both.
 //!
-//! Security posture (DESIGN.md §5): `network_mode=none` unless the spec asks for a network,
+//! Security posture (docs/design.md §5): `network_mode=none` unless the spec asks for a network,
 //! all capabilities dropped, `no-new-privileges`, memory (without swap) / CPU / pids
 //! limits, an init process reaping orphans, processes running as an unprivileged uid.
 

@@ -1,4 +1,4 @@
-//! Authentication of public calls (DESIGN.md §5): who is calling, as a [`Principal`].
+//! Authentication of public calls (docs/design.md §5): who is calling, as a [`Principal`].
 //!
 //! One [`layer::AuthLayer`] wraps the whole gRPC router of a replica, so every service on
 //! it — including ones added later — is authenticated by construction. The layer turns the

@@ -1,4 +1,4 @@
-//! The registry seam: the only state replicas share (DESIGN.md §4.1).
+//! The registry seam: the only state replicas share (docs/design.md §4.1).
 //!
 //! A small required core (`get`, `range`, `txn`, leases, `watch_prefix`) with etcd
 //! semantics, and provided helpers built on it. Two implementations: [`etcd::EtcdRegistry`]

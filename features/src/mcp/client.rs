@@ -24,7 +24,7 @@ use berth_workspace::path::RelPath;
 
 /// Bytes of a stdio server's stderr kept for error messages.
 /// Installs ring as the process's rustls provider unless one is installed already (the
-/// streamable-HTTP client needs one; DEPENDENCIES.md: one provider for the whole tree).
+/// streamable-HTTP client needs one; docs/dependencies.md: one provider for the whole tree).
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

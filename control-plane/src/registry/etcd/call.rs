@@ -1,6 +1,6 @@
 //! Deadlines, retries and error mapping for every etcd call.
 //!
-//! Measured on etcd 3.4 (DEPENDENCIES.md): a call in flight to a dead member hangs ~7 s, and
+//! Measured on etcd 3.4 (docs/dependencies.md): a call in flight to a dead member hangs ~7 s, and
 //! while a member is down ~25 % of calls fail fast with `Unavailable` because the client
 //! still tries the dead endpoint. So every call runs under one overall deadline and retries
 //! with a short jittered backoff inside it.
