@@ -116,13 +116,15 @@ forward! {
     RemoveMcpRequest => |m| check_mcp_target(&m.name, None);
     ListMcpsRequest => |_m| Ok(());
     ListMcpToolsRequest => |m| check_mcp_target(&m.server, None), deadline: |m| mcp_deadline(m.timeout_ms);
-    CallMcpToolRequest => |m| check_mcp_target(&m.server, Some(&m.tool)).and_then(|()| tool_arguments(&m.arguments_json).map(drop)),
+    CallMcpToolRequest => |m| check_mcp_target(&m.server, Some(&m.tool))
+        .and_then(|()| tool_arguments(&m.arguments_json).map(drop)),
         deadline: |m| mcp_deadline(m.timeout_ms);
     AddSkillHeader => |m| check_skill_name(&m.name, false);
     RemoveSkillRequest => |m| check_skill_name(&m.name, true);
     ListSkillsRequest => |_m| Ok(());
     GetSkillRequest => |m| check_skill_name(&m.name, true);
-    OffloadContextRequest => |m| validate_session_id(&m.session_id).and_then(|()| context_messages(&m.messages_json).map(drop));
+    OffloadContextRequest => |m| validate_session_id(&m.session_id)
+        .and_then(|()| context_messages(&m.messages_json).map(drop));
     OffloadToolResultRequest => |m| validate_session_id(&m.session_id).and_then(|()| tool_result_size(&m.content));
     UploadTreeHeader => |m| tree_destination(&m.path).map(drop);
     DownloadTreeRequest => |m| relative(&m.path), deadline: |_m| None;

@@ -143,9 +143,9 @@ impl Contract {
             _ => None,
         });
         let name = (!header.name.is_empty()).then_some(header.name.as_str());
-        let (info, stats) =
-            skills::add(workspace.backend.as_ref(), name, chunks, self.limits, header.replace).await.map_err(status)?;
-        tracing::info!(ws_id = %workspace.id(), skill = %info.name, files = stats.files, bytes = stats.bytes, "skill added");
+        let (id, backend) = (workspace.id(), workspace.backend.as_ref());
+        let (info, stats) = skills::add(backend, name, chunks, self.limits, header.replace).await.map_err(status)?;
+        tracing::info!(ws_id = %id, skill = %info.name, files = stats.files, bytes = stats.bytes, "skill added");
         Ok(v1::AddSkillResponse { skill: Some(skill_info_to_proto(&info)), files: stats.files, bytes: stats.bytes })
     }
 
@@ -217,10 +217,9 @@ impl Contract {
             Some(upload_tree_request::Msg::Chunk(chunk)) => Some(chunk),
             _ => None,
         });
-        let stats = tree::upload(workspace.backend.as_ref(), &dest, chunks, self.limits, header.overwrite)
-            .await
-            .map_err(status)?;
-        tracing::info!(ws_id = %workspace.id(), dest = %dest, files = stats.files, bytes = stats.bytes, "tree uploaded");
+        let (id, backend) = (workspace.id(), workspace.backend.as_ref());
+        let stats = tree::upload(backend, &dest, chunks, self.limits, header.overwrite).await.map_err(status)?;
+        tracing::info!(ws_id = %id, dest = %dest, files = stats.files, bytes = stats.bytes, "tree uploaded");
         Ok(upload_stats_to_proto(stats))
     }
 

@@ -100,7 +100,10 @@ macro_rules! serve {
                 .await
             })*
 
-            $(async fn $local(&self, _request: Request<v1::$local_request>) -> Result<Response<v1::$local_response>, Status> {
+            $(async fn $local(
+                &self,
+                _request: Request<v1::$local_request>,
+            ) -> Result<Response<v1::$local_response>, Status> {
                 Err(replica_only())
             })*
         }
