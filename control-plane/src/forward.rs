@@ -6,8 +6,9 @@
 //! checks again). [`Forwarder`] is the one path every such call takes: authorize →
 //! validate → resolve the route → forward with [`Router::forward`]'s one retry on a stale
 //! route (client streams: [`router::pipe`](crate::router::pipe), no retry).
-//! [`forwarding!`] writes a public service's handlers from one line per
-//! RPC; the node serves the same service definitions, so the call goes out unchanged.
+//! [`forwarding!`] writes a public service's handlers from its RPC table in `berth-proto`
+//! (`routed.rs`); the node serves the same service definitions from the same table, so the
+//! call goes out unchanged.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -205,17 +206,20 @@ impl Forwarder {
     }
 }
 
-/// Writes `impl $service for $api` (the type has a `forward: Forwarder` field): one line
-/// per forwarded RPC, sent to the same RPC of the node's `$client` (a field of
-/// [`DataPlaneClient`]); the handlers after the block are passed through unchanged (the
-/// RPCs this replica serves itself). Lines go in the order unary, server-streaming,
-/// client-streaming.
+/// Writes `impl $service for $api` (the type has a `forward: Forwarder` field) from the
+/// service's RPC table in `berth-proto` (`berth_proto::workspace_rpcs!` /
+/// `contract_rpcs!`, called with `forwarding!(impl Service for Api, to client)`): each
+/// node-served RPC is forwarded to the same RPC of the node's `$client` (a field of
+/// [`DataPlaneClient`]); the handlers after it, the `replica_only` RPCs this replica serves
+/// itself, are passed through unchanged.
 macro_rules! forwarding {
     (
-        impl $service:ident for $api:ty, to $client:ident {
+        (impl $service:ident for $api:ty, to $client:ident)
+        {
             $(unary $unary:ident($unary_request:ident) -> $unary_response:ident;)*
             $(server_streaming $server:ident($server_request:ident) -> $chunk:ident as $stream:ident;)*
             $(client_streaming $streamed:ident($streamed_request:ident) -> $streamed_response:ident;)*
+            $(replica_only $local:ident($local_request:ident) -> $local_response:ident;)*
         }
         $($own:tt)*
     ) => {

@@ -2,8 +2,9 @@
 //! `ContractService`, served with the same service definitions as a replica, for replicas
 //! only (`auth.rs`). Every call passes the [`Gate`] (fence, then the workspace at the
 //! generation in `x-berth-generation`) through one generic function before its handler in
-//! `files.rs` or `contract.rs` runs; each RPC is one line of [`serve!`]. The session and
-//! record calls of `WorkspaceService` belong to replicas: UNIMPLEMENTED here.
+//! `files.rs` or `contract.rs` runs. [`serve!`] writes the handlers from the RPC tables in
+//! `berth-proto` the replica forwards by. The session and record calls of
+//! `WorkspaceService` belong to replicas: UNIMPLEMENTED here.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -63,12 +64,14 @@ fn replica_only() -> Status {
     Status::unimplemented("served by the control plane, not by a node agent")
 }
 
-/// Implements a service on [`DataPlane`], one line per RPC: `unary` / `server_streaming` /
+/// Implements a service on [`DataPlane`] from its RPC table in `berth-proto`
+/// (`berth_proto::workspace_rpcs!` / `contract_rpcs!`): `unary` / `server_streaming` /
 /// `client_streaming` calls go through the generic path to the handler of the same name on
 /// `self.$handler`; `replica_only` calls answer UNIMPLEMENTED.
 macro_rules! serve {
     (
-        impl $service:ident via $handler:ident {
+        (impl $service:ident via $handler:ident)
+        {
             $(unary $unary:ident($unary_request:ident) -> $unary_response:ident;)*
             $(server_streaming $server:ident($server_request:ident) -> $chunk:ident as $stream:ident;)*
             $(client_streaming $client:ident($client_request:ident) -> $client_response:ident;)*
@@ -110,41 +113,5 @@ macro_rules! serve {
     };
 }
 
-serve! {
-    impl WorkspaceService via files {
-        unary exec(ExecRequest) -> ExecResult;
-        unary stat(StatRequest) -> FileInfo;
-        unary list_dir(ListDirRequest) -> ListDirResponse;
-        unary remove_path(RemovePathRequest) -> RemovePathResponse;
-        unary make_dir(MakeDirRequest) -> MakeDirResponse;
-        server_streaming exec_stream(ExecRequest) -> ExecChunk as ExecStreamStream;
-        server_streaming read_file(ReadFileRequest) -> FileChunk as ReadFileStream;
-        client_streaming write_file(WriteFileRequest) -> WriteFileResponse;
-        replica_only create_session(CreateSessionRequest) -> Session;
-        replica_only get_session(GetSessionRequest) -> Session;
-        replica_only close_session(CloseSessionRequest) -> CloseSessionResponse;
-        replica_only get_workspace(GetWorkspaceRequest) -> Workspace;
-        replica_only list_workspaces(ListWorkspacesRequest) -> ListWorkspacesResponse;
-        replica_only close_workspace(CloseWorkspaceRequest) -> CloseWorkspaceResponse;
-        replica_only share_workspace(ShareWorkspaceRequest) -> Workspace;
-        replica_only unshare_workspace(UnshareWorkspaceRequest) -> Workspace;
-    }
-}
-
-serve! {
-    impl ContractService via contract {
-        unary add_mcp(AddMcpRequest) -> AddMcpResponse;
-        unary remove_mcp(RemoveMcpRequest) -> RemoveMcpResponse;
-        unary list_mcps(ListMcpsRequest) -> ListMcpsResponse;
-        unary list_mcp_tools(ListMcpToolsRequest) -> ListMcpToolsResponse;
-        unary call_mcp_tool(CallMcpToolRequest) -> CallMcpToolResponse;
-        unary remove_skill(RemoveSkillRequest) -> RemoveSkillResponse;
-        unary list_skills(ListSkillsRequest) -> ListSkillsResponse;
-        unary get_skill(GetSkillRequest) -> GetSkillResponse;
-        unary offload_context(OffloadContextRequest) -> OffloadContextResponse;
-        unary offload_tool_result(OffloadToolResultRequest) -> OffloadToolResultResponse;
-        server_streaming download_tree(DownloadTreeRequest) -> TreeChunk as DownloadTreeStream;
-        client_streaming add_skill(AddSkillRequest) -> AddSkillResponse;
-        client_streaming upload_tree(UploadTreeRequest) -> UploadTreeResponse;
-    }
-}
+berth_proto::workspace_rpcs!(serve!(impl WorkspaceService via files));
+berth_proto::contract_rpcs!(serve!(impl ContractService via contract));

@@ -3,7 +3,9 @@
 //! A replica forwards exactly these (after authorizing and validating them,
 //! `berth-control-plane`'s `forward.rs`); a node agent checks its fence and the workspace's
 //! generation for each of them before any work (`berth-node-agent`'s `gate.rs`). Both read
-//! the workspace through [`Routed`], so a new data-plane RPC is one line here.
+//! the workspace through [`Routed`], and both write their handlers from the one table of
+//! each service's RPCs ([`workspace_rpcs!`](crate::workspace_rpcs),
+//! [`contract_rpcs!`](crate::contract_rpcs)), so a new data-plane RPC is declared here.
 
 use tonic::{Status, Streaming};
 
@@ -92,4 +94,63 @@ pub async fn open<M: Streamed>(inbound: &mut Streaming<M>) -> Result<(M::Header,
         Some(header) => Ok((header.clone(), first)),
         None => Err(Status::invalid_argument(format!("the first {} message must be a header", M::RPC))),
     }
+}
+
+/// The RPCs of `WorkspaceService` by shape: those a node serves (exec and files, by the
+/// replica forwarded unchanged), then those only a replica serves (`replica_only`).
+/// `workspace_rpcs! { callback!(arguments) rest }` expands to
+/// `callback! { (arguments) { table } rest }`.
+#[macro_export]
+macro_rules! workspace_rpcs {
+    ($callback:ident!($($arguments:tt)*) $($rest:tt)*) => {
+        $callback! {
+            ($($arguments)*)
+            {
+                unary exec(ExecRequest) -> ExecResult;
+                unary stat(StatRequest) -> FileInfo;
+                unary list_dir(ListDirRequest) -> ListDirResponse;
+                unary remove_path(RemovePathRequest) -> RemovePathResponse;
+                unary make_dir(MakeDirRequest) -> MakeDirResponse;
+                server_streaming exec_stream(ExecRequest) -> ExecChunk as ExecStreamStream;
+                server_streaming read_file(ReadFileRequest) -> FileChunk as ReadFileStream;
+                client_streaming write_file(WriteFileRequest) -> WriteFileResponse;
+                replica_only create_session(CreateSessionRequest) -> Session;
+                replica_only get_session(GetSessionRequest) -> Session;
+                replica_only close_session(CloseSessionRequest) -> CloseSessionResponse;
+                replica_only get_workspace(GetWorkspaceRequest) -> Workspace;
+                replica_only list_workspaces(ListWorkspacesRequest) -> ListWorkspacesResponse;
+                replica_only close_workspace(CloseWorkspaceRequest) -> CloseWorkspaceResponse;
+                replica_only share_workspace(ShareWorkspaceRequest) -> Workspace;
+                replica_only unshare_workspace(UnshareWorkspaceRequest) -> Workspace;
+            }
+            $($rest)*
+        }
+    };
+}
+
+/// The RPCs of `ContractService` by shape, all served by the node; the form of
+/// [`workspace_rpcs!`](crate::workspace_rpcs).
+#[macro_export]
+macro_rules! contract_rpcs {
+    ($callback:ident!($($arguments:tt)*) $($rest:tt)*) => {
+        $callback! {
+            ($($arguments)*)
+            {
+                unary add_mcp(AddMcpRequest) -> AddMcpResponse;
+                unary remove_mcp(RemoveMcpRequest) -> RemoveMcpResponse;
+                unary list_mcps(ListMcpsRequest) -> ListMcpsResponse;
+                unary list_mcp_tools(ListMcpToolsRequest) -> ListMcpToolsResponse;
+                unary call_mcp_tool(CallMcpToolRequest) -> CallMcpToolResponse;
+                unary remove_skill(RemoveSkillRequest) -> RemoveSkillResponse;
+                unary list_skills(ListSkillsRequest) -> ListSkillsResponse;
+                unary get_skill(GetSkillRequest) -> GetSkillResponse;
+                unary offload_context(OffloadContextRequest) -> OffloadContextResponse;
+                unary offload_tool_result(OffloadToolResultRequest) -> OffloadToolResultResponse;
+                server_streaming download_tree(DownloadTreeRequest) -> TreeChunk as DownloadTreeStream;
+                client_streaming add_skill(AddSkillRequest) -> AddSkillResponse;
+                client_streaming upload_tree(UploadTreeRequest) -> UploadTreeResponse;
+            }
+            $($rest)*
+        }
+    };
 }

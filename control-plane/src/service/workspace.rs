@@ -1,6 +1,7 @@
 //! `WorkspaceService`: the public API. Sessions and records are handled in
-//! [`super::sessions`]; exec and file calls are declared here, one line each, and forwarded
-//! to the node holding the workspace by [`Forwarder`] (validation in `forward.rs`).
+//! [`super::sessions`] (the `replica_only` RPCs, written out below); the exec and file calls
+//! of `berth_proto::workspace_rpcs!` are forwarded to the node holding the workspace by
+//! [`Forwarder`] (validation in `forward.rs`).
 
 use std::sync::Arc;
 
@@ -25,19 +26,10 @@ impl WorkspaceApi {
     }
 }
 
-forwarding! {
-    impl WorkspaceService for WorkspaceApi, to workspace {
-        unary exec(ExecRequest) -> ExecResult;
-        unary stat(StatRequest) -> FileInfo;
-        unary list_dir(ListDirRequest) -> ListDirResponse;
-        unary remove_path(RemovePathRequest) -> RemovePathResponse;
-        unary make_dir(MakeDirRequest) -> MakeDirResponse;
-        server_streaming exec_stream(ExecRequest) -> ExecChunk as ExecStreamStream;
-        server_streaming read_file(ReadFileRequest) -> FileChunk as ReadFileStream;
-        client_streaming write_file(WriteFileRequest) -> WriteFileResponse;
-    }
+berth_proto::workspace_rpcs! {
+    forwarding!(impl WorkspaceService for WorkspaceApi, to workspace)
 
-    // Served by this replica (sessions, records, sharing).
+    // The `replica_only` RPCs: sessions, records, sharing.
 
     async fn create_session(
         &self,
