@@ -1,4 +1,6 @@
-//! Pooled gRPC clients to node agents, one lazily connected channel per node address.
+//! Pooled gRPC clients to node agents, one lazily connected channel per node address, for
+//! the node-only lifecycle service ([`NodeAgentClient`]) and the node's data plane (the
+//! public services, [`DataPlaneClient`]).
 //! Every call about a workspace carries the generation the replica expects the node to hold,
 //! and every call carries the node credential (`authorization: Bearer <node secret>`);
 //! `https://` node addresses are reached over mutual TLS with the cluster CA.
@@ -10,13 +12,27 @@ use std::time::Duration;
 use berth_proto::auth::{BearerInterceptor, Secret};
 use berth_proto::meta;
 use berth_proto::tls::ClientTls;
+use berth_proto::v1::contract_service_client::ContractServiceClient;
 use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
+use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::error::ControlPlaneError;
 
-pub type NodeAgentClient = NodeAgentServiceClient<InterceptedService<Channel, NodeInterceptor>>;
+pub type NodeChannel = InterceptedService<Channel, NodeInterceptor>;
+
+/// Largest message to or from a node agent (file data travels in smaller chunks).
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+pub type NodeAgentClient = NodeAgentServiceClient<NodeChannel>;
+
+/// The node's data plane: the public services, served by the node for replicas only.
+#[derive(Clone)]
+pub struct DataPlaneClient {
+    pub workspace: WorkspaceServiceClient<NodeChannel>,
+    pub contract: ContractServiceClient<NodeChannel>,
+}
 
 /// Adds what every node call carries: the node credential and the caller's trace context
 /// (so the node's request span joins the replica's trace).
@@ -35,7 +51,7 @@ impl tonic::service::Interceptor for NodeInterceptor {
 
 /// Channels to node agents keyed by address; a channel reconnects by itself.
 pub struct NodeClients {
-    channels: Mutex<HashMap<String, NodeAgentClient>>,
+    channels: Mutex<HashMap<String, Channel>>,
     credential: NodeInterceptor,
     tls: Option<ClientTlsConfig>,
 }
@@ -56,11 +72,30 @@ impl NodeClients {
         Self { channels: Mutex::new(HashMap::new()), credential: NodeInterceptor::default(), tls: None }
     }
 
-    /// A client for the node at `address` (`http://host:port` or `https://host:port`).
+    /// A lifecycle client for the node at `address` (`http://host:port` or `https://host:port`).
     pub fn get(&self, address: &str) -> Result<NodeAgentClient, ControlPlaneError> {
+        Ok(NodeAgentServiceClient::new(self.channel(address)?)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    }
+
+    /// Data-plane clients for the node at `address`, on the same channel as [`Self::get`].
+    pub fn data_plane(&self, address: &str) -> Result<DataPlaneClient, ControlPlaneError> {
+        let channel = self.channel(address)?;
+        Ok(DataPlaneClient {
+            workspace: WorkspaceServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            contract: ContractServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        })
+    }
+
+    fn channel(&self, address: &str) -> Result<NodeChannel, ControlPlaneError> {
         let mut channels = self.channels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(client) = channels.get(address) {
-            return Ok(client.clone());
+        if let Some(channel) = channels.get(address) {
+            return Ok(InterceptedService::new(channel.clone(), self.credential.clone()));
         }
         let bad_address = |reason: String| ControlPlaneError::BadNodeAddress { address: address.to_owned(), reason };
         let mut endpoint = Endpoint::from_shared(address.to_owned())
@@ -76,11 +111,9 @@ impl NodeClients {
                 self.tls.clone().ok_or_else(|| ControlPlaneError::NodeTlsMissing { address: address.to_owned() })?;
             endpoint = endpoint.tls_config(tls).map_err(|error| bad_address(error.to_string()))?;
         }
-        let client = NodeAgentServiceClient::with_interceptor(endpoint.connect_lazy(), self.credential.clone())
-            .max_decoding_message_size(64 * 1024 * 1024)
-            .max_encoding_message_size(64 * 1024 * 1024);
-        channels.insert(address.to_owned(), client.clone());
-        Ok(client)
+        let channel = endpoint.connect_lazy();
+        channels.insert(address.to_owned(), channel.clone());
+        Ok(InterceptedService::new(channel, self.credential.clone()))
     }
 }
 

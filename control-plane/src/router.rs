@@ -16,7 +16,7 @@ use tonic::{Code, Response, Status, Streaming};
 
 use crate::binding::{BindRequest, Binder};
 use crate::error::ControlPlaneError;
-use crate::node_client::{NodeAgentClient, NodeClients, node_request, untimed_node_request};
+use crate::node_client::{DataPlaneClient, NodeClients, node_request, untimed_node_request};
 use crate::records::WorkspaceRecord;
 use crate::store::WorkspaceStoreRef;
 use crate::view::EffectiveState;
@@ -25,7 +25,7 @@ use crate::view::EffectiveState;
 #[derive(Clone)]
 pub struct Target {
     pub record: Arc<WorkspaceRecord>,
-    pub client: NodeAgentClient,
+    pub client: DataPlaneClient,
 }
 
 impl Target {
@@ -60,7 +60,7 @@ impl Router {
             .store
             .node(node_id)
             .ok_or_else(|| ControlPlaneError::Internal(format!("node {node_id} of a ready workspace is not live")))?;
-        let client = self.nodes.get(&node.address)?;
+        let client = self.nodes.data_plane(&node.address)?;
         Ok(Target { record, client })
     }
 
@@ -95,7 +95,7 @@ impl Router {
     ) -> Result<Response<R>, Status>
     where
         M: Clone,
-        F: Fn(NodeAgentClient, tonic::Request<M>) -> Fut,
+        F: Fn(DataPlaneClient, tonic::Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
         self.call(workspace_id, |target: Target| {
@@ -158,7 +158,7 @@ pub async fn pipe<M, R, F, Fut>(
 ) -> Result<Response<R>, Status>
 where
     M: Send + 'static,
-    F: FnOnce(NodeAgentClient, tonic::Request<ReceiverStream<M>>) -> Fut,
+    F: FnOnce(DataPlaneClient, tonic::Request<ReceiverStream<M>>) -> Fut,
     Fut: Future<Output = Result<Response<R>, Status>>,
 {
     let (chunks, outbound) = mpsc::channel::<M>(8);

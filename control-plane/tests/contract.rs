@@ -1,6 +1,6 @@
 //! ContractService end to end, in process: a replica and a node agent on loopback ports,
-//! calls through the public API, forwarded by the router to NodeAgentService. Once per
-//! backend (`contract_over_grpc!(docker, "docker")` adds one).
+//! calls through the public API, forwarded by the router to the node agent's own
+//! ContractService. Once per backend (`contract_over_grpc!(docker, "docker")` adds one).
 
 use std::time::Duration;
 

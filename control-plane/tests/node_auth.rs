@@ -15,6 +15,7 @@ use berth_proto::tls::{ClientTls, TlsFiles};
 use berth_proto::v1;
 use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_proto::v1::node_service_client::NodeServiceClient;
+use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use support::{ALICE, Creds, Limits};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -34,7 +35,12 @@ async fn node_agent_refuses_calls_without_the_control_planes_credentials() {
     let wrong = Secret::new("not-the-node-secret-0123456789");
     for (name, secret) in [("no credential", None), ("wrong secret", Some(&wrong))] {
         let mut node = node_client(&harness.node_endpoint, secret);
-        let exec = node
+        // The node's data plane (the public WorkspaceService) is behind the same check.
+        let mut data_plane = WorkspaceServiceClient::with_interceptor(
+            support::channel(&harness.node_endpoint),
+            BearerInterceptor::new(secret),
+        );
+        let exec = data_plane
             .exec(v1::ExecRequest { workspace_id: "ws-x".into(), argv: vec!["id".into()], ..Default::default() })
             .await
             .unwrap_err();

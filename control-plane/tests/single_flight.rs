@@ -66,13 +66,13 @@ async fn harness(provision_delay: Duration) -> Harness {
         assert!(tokio::time::Instant::now() < deadline, "the node never registered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut node = v1::node_agent_service_client::NodeAgentServiceClient::new(
-        tonic::transport::Endpoint::from_shared(node_url).unwrap().connect_lazy(),
-    );
+    let node_channel = tonic::transport::Endpoint::from_shared(node_url).unwrap().connect_lazy();
+    let node = v1::node_agent_service_client::NodeAgentServiceClient::new(node_channel.clone());
+    let mut data_plane = v1::workspace_service_client::WorkspaceServiceClient::new(node_channel);
     // Listed is not yet serving: the node lifts its fence when the registration answer
     // arrives. A fenced node answers UNAVAILABLE; a serving one says "not provisioned".
     loop {
-        let probe = node.stat(v1::StatRequest { workspace_id: "ws-probe".into(), path: String::new() }).await;
+        let probe = data_plane.stat(v1::StatRequest { workspace_id: "ws-probe".into(), path: String::new() }).await;
         if probe.is_err_and(|status| status.code() == tonic::Code::FailedPrecondition) {
             break;
         }

@@ -1,7 +1,7 @@
-//! The workspace contract on a node: MCP, skills, offload and tree transfer. The
-//! NodeAgentService handlers in `service.rs` check fence and generation, then delegate
-//! here; everything below goes through `berth_workspace`'s modules and so through the
-//! backend's primitives.
+//! The workspace contract on a node: MCP, skills, offload and tree transfer
+//! (`ContractService`'s data plane). `data_plane.rs` admits each call through the
+//! [`Gate`](crate::gate::Gate) (fence and generation), then delegates here; everything
+//! below goes through `berth_workspace`'s modules and so through the backend's primitives.
 //!
 //! Node-level state: the MCP service (client pool, secret store under
 //! `<data-dir>/secrets/`), one cached skill index per workspace. All of it is rebuilt at
@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use berth_features::mcp::{McpService, McpServiceConfig, SecretStore};
@@ -24,10 +23,12 @@ use berth_proto::contract::{
 use berth_proto::v1::{self, add_skill_request, upload_tree_request};
 use berth_workspace::{BackendRef, ByteStream, RelPath, WorkspaceError, WorkspaceId};
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use tonic::{Status, Streaming};
 
-use crate::error::{NodeError, status};
+use crate::error::status;
+use crate::files::BoxStream;
+use crate::gate::Admitted;
 use crate::state::LifecycleHook;
 
 type Reply<T> = Result<T, Status>;
@@ -76,43 +77,34 @@ impl Contract {
 
     // ---- MCP ---------------------------------------------------------------------------
 
-    pub async fn add_mcp(
-        &self,
-        id: &WorkspaceId,
-        backend: BackendRef,
-        request: v1::AddMcpRequest,
-    ) -> Reply<v1::AddMcpResponse> {
+    pub async fn add_mcp(&self, workspace: Admitted, request: v1::AddMcpRequest) -> Reply<v1::AddMcpResponse> {
+        let (id, backend) = (workspace.id(), &workspace.backend);
         let spec = mcp_spec_from_proto(request.server).map_err(status)?;
         let stored = self.mcp.add(backend.as_ref(), id, &spec, request.replace).await.map_err(status)?;
         tracing::info!(ws_id = %id, server = %stored.name, transport = stored.transport_name(), "mcp server added");
         Ok(v1::AddMcpResponse { server: Some(mcp_server_to_proto(&stored)) })
     }
 
-    pub async fn remove_mcp(
-        &self,
-        id: &WorkspaceId,
-        backend: BackendRef,
-        request: v1::RemoveMcpRequest,
-    ) -> Reply<v1::RemoveMcpResponse> {
-        let existed = self.mcp.remove(backend.as_ref(), id, &request.name).await.map_err(status)?;
+    pub async fn remove_mcp(&self, workspace: Admitted, request: v1::RemoveMcpRequest) -> Reply<v1::RemoveMcpResponse> {
+        let existed =
+            self.mcp.remove(workspace.backend.as_ref(), workspace.id(), &request.name).await.map_err(status)?;
         Ok(v1::RemoveMcpResponse { existed })
     }
 
-    pub async fn list_mcps(&self, id: &WorkspaceId, backend: BackendRef) -> Reply<v1::ListMcpsResponse> {
-        let (servers, reseeded) = self.mcp.list(backend.as_ref(), id).await.map_err(status)?;
+    pub async fn list_mcps(&self, workspace: Admitted, _request: v1::ListMcpsRequest) -> Reply<v1::ListMcpsResponse> {
+        let (servers, reseeded) = self.mcp.list(workspace.backend.as_ref(), workspace.id()).await.map_err(status)?;
         Ok(v1::ListMcpsResponse { servers: servers.iter().map(mcp_status_to_proto).collect(), reseeded })
     }
 
     pub async fn list_mcp_tools(
         &self,
-        id: &WorkspaceId,
-        backend: BackendRef,
+        workspace: Admitted,
         request: v1::ListMcpToolsRequest,
     ) -> Reply<v1::ListMcpToolsResponse> {
         check_mcp_target(&request.server, None).map_err(status)?;
         let tools = self
             .mcp
-            .list_tools(&backend, id, &request.server, timeout_from_ms(request.timeout_ms))
+            .list_tools(&workspace.backend, workspace.id(), &request.server, timeout_from_ms(request.timeout_ms))
             .await
             .map_err(status)?;
         Ok(v1::ListMcpToolsResponse { tools: tools.into_iter().map(mcp_tool_to_proto).collect() })
@@ -120,15 +112,15 @@ impl Contract {
 
     pub async fn call_mcp_tool(
         &self,
-        id: &WorkspaceId,
-        backend: BackendRef,
+        workspace: Admitted,
         request: v1::CallMcpToolRequest,
     ) -> Reply<v1::CallMcpToolResponse> {
+        let (id, backend) = (workspace.id(), &workspace.backend);
         check_mcp_target(&request.server, Some(&request.tool)).map_err(status)?;
         let arguments = tool_arguments(&request.arguments_json).map_err(status)?;
         let output = self
             .mcp
-            .call_tool(&backend, id, &request.server, &request.tool, arguments, timeout_from_ms(request.timeout_ms))
+            .call_tool(backend, id, &request.server, &request.tool, arguments, timeout_from_ms(request.timeout_ms))
             .await
             .map_err(status)?;
         Ok(mcp_call_to_proto(output))
@@ -138,8 +130,7 @@ impl Contract {
 
     pub async fn add_skill(
         &self,
-        id: &WorkspaceId,
-        backend: BackendRef,
+        workspace: Admitted,
         header: v1::AddSkillHeader,
         inbound: Streaming<v1::AddSkillRequest>,
     ) -> Reply<v1::AddSkillResponse> {
@@ -149,28 +140,32 @@ impl Contract {
             _ => None,
         });
         let name = (!header.name.is_empty()).then_some(header.name.as_str());
-        let (info, stats) =
-            skills::add(backend.as_ref(), name, chunks, self.limits, header.replace).await.map_err(status)?;
+        let (id, backend) = (workspace.id(), workspace.backend.as_ref());
+        let (info, stats) = skills::add(backend, name, chunks, self.limits, header.replace).await.map_err(status)?;
         tracing::info!(ws_id = %id, skill = %info.name, files = stats.files, bytes = stats.bytes, "skill added");
         Ok(v1::AddSkillResponse { skill: Some(skill_info_to_proto(&info)), files: stats.files, bytes: stats.bytes })
     }
 
     pub async fn remove_skill(
         &self,
-        backend: BackendRef,
+        workspace: Admitted,
         request: v1::RemoveSkillRequest,
     ) -> Reply<v1::RemoveSkillResponse> {
-        let existed = skills::remove(backend.as_ref(), &request.name).await.map_err(status)?;
+        let existed = skills::remove(workspace.backend.as_ref(), &request.name).await.map_err(status)?;
         Ok(v1::RemoveSkillResponse { existed })
     }
 
-    pub async fn list_skills(&self, id: &WorkspaceId, backend: BackendRef) -> Reply<v1::ListSkillsResponse> {
-        let listed = self.index(id).list(backend.as_ref()).await.map_err(status)?;
+    pub async fn list_skills(
+        &self,
+        workspace: Admitted,
+        _request: v1::ListSkillsRequest,
+    ) -> Reply<v1::ListSkillsResponse> {
+        let listed = self.index(workspace.id()).list(workspace.backend.as_ref()).await.map_err(status)?;
         Ok(v1::ListSkillsResponse { skills: listed.iter().map(skill_info_to_proto).collect() })
     }
 
-    pub async fn get_skill(&self, backend: BackendRef, request: v1::GetSkillRequest) -> Reply<v1::GetSkillResponse> {
-        let (info, body) = skills::get(backend.as_ref(), &request.name).await.map_err(status)?;
+    pub async fn get_skill(&self, workspace: Admitted, request: v1::GetSkillRequest) -> Reply<v1::GetSkillResponse> {
+        let (info, body) = skills::get(workspace.backend.as_ref(), &request.name).await.map_err(status)?;
         Ok(v1::GetSkillResponse { skill: Some(skill_info_to_proto(&info)), body })
     }
 
@@ -178,21 +173,23 @@ impl Contract {
 
     pub async fn offload_context(
         &self,
-        backend: BackendRef,
+        workspace: Admitted,
         request: v1::OffloadContextRequest,
     ) -> Reply<v1::OffloadContextResponse> {
         let messages = context_messages(&request.messages_json).map_err(status)?;
-        let done = offload::offload_context(backend.as_ref(), &request.session_id, messages).await.map_err(status)?;
+        let done = offload::offload_context(workspace.backend.as_ref(), &request.session_id, messages)
+            .await
+            .map_err(status)?;
         Ok(context_offloaded_to_proto(done))
     }
 
     pub async fn offload_tool_result(
         &self,
-        backend: BackendRef,
+        workspace: Admitted,
         request: v1::OffloadToolResultRequest,
     ) -> Reply<v1::OffloadToolResultResponse> {
         let done = offload::offload_tool_result(
-            backend.as_ref(),
+            workspace.backend.as_ref(),
             &request.session_id,
             &request.tool_call_id,
             Bytes::from(request.content),
@@ -208,8 +205,7 @@ impl Contract {
 
     pub async fn upload_tree(
         &self,
-        id: &WorkspaceId,
-        backend: BackendRef,
+        workspace: Admitted,
         header: v1::UploadTreeHeader,
         inbound: Streaming<v1::UploadTreeRequest>,
     ) -> Reply<v1::UploadTreeResponse> {
@@ -218,19 +214,19 @@ impl Contract {
             Some(upload_tree_request::Msg::Chunk(chunk)) => Some(chunk),
             _ => None,
         });
-        let stats =
-            tree::upload(backend.as_ref(), &dest, chunks, self.limits, header.overwrite).await.map_err(status)?;
+        let (id, backend) = (workspace.id(), workspace.backend.as_ref());
+        let stats = tree::upload(backend, &dest, chunks, self.limits, header.overwrite).await.map_err(status)?;
         tracing::info!(ws_id = %id, dest = %dest, files = stats.files, bytes = stats.bytes, "tree uploaded");
         Ok(upload_stats_to_proto(stats))
     }
 
     pub async fn download_tree(
         &self,
-        backend: BackendRef,
+        workspace: Admitted,
         request: v1::DownloadTreeRequest,
-    ) -> Reply<Pin<Box<dyn Stream<Item = Result<v1::TreeChunk, Status>> + Send>>> {
+    ) -> Reply<BoxStream<v1::TreeChunk>> {
         let dir = RelPath::parse(&request.path).map_err(status)?;
-        let chunks = tree::pack(backend, dir).await.map_err(status)?;
+        let chunks = tree::pack(workspace.backend, dir).await.map_err(status)?;
         Ok(Box::pin(chunks.map(|chunk| chunk.map(|data| v1::TreeChunk { data: data.to_vec() }).map_err(status))))
     }
 }
@@ -249,17 +245,6 @@ fn chunk_stream<M: Send + 'static>(
             Err(status) => Err(WorkspaceError::InvalidArgument(format!("upload stream broken: {}", status.message()))),
         })
         .boxed()
-}
-
-/// Reads the header of a client-streaming contract call.
-pub async fn first_message<M>(inbound: &mut Streaming<M>) -> Result<M, Status>
-where
-    M: Send + 'static,
-{
-    match inbound.message().await? {
-        Some(message) => Ok(message),
-        None => Err(NodeError::EmptyStream.into()),
-    }
 }
 
 #[tonic::async_trait]

@@ -49,6 +49,9 @@ pub enum NodeError {
     #[error("provision task failed: {reason}")]
     ProvisionTask { reason: String },
 
+    /// A session, record or sharing call: those are the control plane's alone.
+    #[error("served by the control plane, not by a node agent")]
+    ReplicaOnly,
     /// A call without the control plane's credentials.
     #[error("node agents accept only the control plane's credentials")]
     Unauthenticated,
@@ -78,6 +81,7 @@ impl From<NodeError> for Status {
             E::MissingHeader { .. } | E::EmptyStream | E::RemoveRoot => Status::invalid_argument(message),
             E::ProvisionTask { .. } => Status::internal(message),
             E::Unauthenticated => Status::unauthenticated(message),
+            E::ReplicaOnly => Status::unimplemented(message),
             E::Stream(status) => status,
         }
     }

@@ -1,14 +1,18 @@
 //! Berth node agent: hosts local / bubblewrap / Docker workspaces under a data directory,
-//! serves `NodeAgentService` to replicas and heartbeats to the control plane.
+//! serves `NodeAgentService` (lifecycle) and the data plane of the public services
+//! (`WorkspaceService`, `ContractService`) to replicas, and heartbeats to the control plane.
 //!
 //! Entry point: [`server::serve`].
 
 pub mod auth;
 pub mod config;
 pub mod contract;
+pub mod data_plane;
 pub mod drivers;
 pub mod error;
 pub mod fence;
+pub mod files;
+pub mod gate;
 pub mod heartbeat;
 pub mod metrics;
 pub mod server;

@@ -3,14 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_proto::v1::contract_service_server::ContractServiceServer;
 use berth_proto::v1::node_agent_service_server::NodeAgentServiceServer;
+use berth_proto::v1::workspace_service_server::WorkspaceServiceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::NodeAuthLayer;
 use crate::config::NodeAgentConfig;
 use crate::contract::Contract;
+use crate::data_plane::DataPlane;
 use crate::fence::Fence;
+use crate::files::Files;
+use crate::gate::Gate;
 use crate::heartbeat::Heartbeater;
 use crate::service::NodeAgentApi;
 use crate::state::Workspaces;
@@ -31,8 +36,8 @@ pub enum ServeError {
     Transport(String),
 }
 
-/// Serves `NodeAgentService` on `listener` and heartbeats to the control plane until
-/// `shutdown` fires.
+/// Serves `NodeAgentService` and the data plane (`WorkspaceService`, `ContractService`) on
+/// `listener` and heartbeats to the control plane until `shutdown` fires.
 pub async fn serve(
     listener: TcpListener,
     mut config: NodeAgentConfig,
@@ -66,20 +71,25 @@ pub async fn serve(
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NodeAgentServiceServer<NodeAgentApi>>().await;
+    health_reporter.set_serving::<WorkspaceServiceServer<DataPlane>>().await;
+    health_reporter.set_serving::<ContractServiceServer<DataPlane>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|error| ServeError::Config(error.to_string()))?;
-    let api = NodeAgentServiceServer::new(NodeAgentApi::new(
-        Arc::clone(&workspaces),
-        fence,
-        config.max_file_bytes,
-        config.max_execs_per_workspace,
-        contract,
-    ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let gate = Arc::new(Gate::new(Arc::clone(&workspaces), fence));
+    let lifecycle = NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&gate)))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let files = Files::new(config.max_file_bytes, config.max_execs_per_workspace);
+    let data_plane = Arc::new(DataPlane::new(gate, files, contract));
+    let workspace_api = WorkspaceServiceServer::from_arc(Arc::clone(&data_plane))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let contract_api = ContractServiceServer::from_arc(data_plane)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tracing::info!(
         node_id = %config.node_id,
         address = %config.advertise_address,
@@ -109,7 +119,9 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(api)
+        .add_service(lifecycle)
+        .add_service(workspace_api)
+        .add_service(contract_api)
         // `tcp_nodelay` above covers only listeners tonic binds itself.
         .serve_with_incoming_shutdown(berth_proto::trace::incoming(listener), shutdown.cancelled())
         .await;

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod contract;
 pub mod convert;
 pub mod meta;
+pub mod routed;
 pub mod tls;
 pub mod trace;
 

@@ -12,7 +12,7 @@ use berth_control_plane::registry::Registry;
 use berth_control_plane::registry::etcd::EtcdRegistry;
 use berth_proto::meta::ErrorKind;
 use berth_proto::v1;
-use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
+use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use berth_workspace::WorkspaceId;
 use tempfile::TempDir;
 
@@ -87,7 +87,7 @@ impl Node {
     /// True when the node answers a workspace call as a serving node: "not provisioned
     /// here" (wrong generation) rather than "fenced".
     pub async fn is_serving(&self) -> bool {
-        let mut client = NodeAgentServiceClient::new(self.server.channel());
+        let mut client = WorkspaceServiceClient::new(self.server.channel());
         let probe = v1::StatRequest { workspace_id: "ws-serving-probe".into(), path: String::new() };
         match client.stat(probe).await {
             Err(status) => ErrorKind::of(&status) == Some(ErrorKind::WrongGeneration),

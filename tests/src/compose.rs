@@ -16,7 +16,6 @@ use anyhow::{Context, bail};
 use berth_proto::auth::{BearerInterceptor, Secret};
 use berth_proto::v1;
 use berth_proto::v1::admin_service_client::AdminServiceClient;
-use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use tempfile::TempDir;
 use tonic::Status;
@@ -324,14 +323,14 @@ impl ComposeCluster {
             .with_context(|| format!("no node container for {node_id}"))
     }
 
-    /// A NodeAgentService client for node `node_id` through its published port, carrying
-    /// the node secret as a replica would.
-    pub async fn node_client(&self, node_id: &str) -> anyhow::Result<NodeAgentServiceClient<AuthedChannel>> {
+    /// A client of node `node_id`'s data plane (`WorkspaceService`) through its published
+    /// port, carrying the node secret as a replica would.
+    pub async fn node_client(&self, node_id: &str) -> anyhow::Result<WorkspaceServiceClient<AuthedChannel>> {
         let container = self.node_container(node_id).await?;
         let out = docker(&["port", &container, "7071/tcp"]).await?;
         let published = out.lines().find(|line| line.starts_with("127.0.0.1:")).context("node port not published")?;
         let endpoint = format!("http://{}", published.trim());
-        Ok(NodeAgentServiceClient::with_interceptor(
+        Ok(WorkspaceServiceClient::with_interceptor(
             channel(&endpoint),
             BearerInterceptor::new(Some(&self.node_secret)),
         ))

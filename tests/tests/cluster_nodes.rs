@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use berth_proto::v1;
-use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
+use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use berth_tests::cluster::{Cluster, ClusterConfig};
 use berth_tests::process::wait_until;
 use nix::sys::signal::Signal;
@@ -234,7 +234,7 @@ async fn a_paused_node_fences_itself_registers_anew_and_drops_moved_copies() {
 
     // The node no longer holds the workspace: asked directly at the old generation, it
     // refuses as not provisioned here.
-    let mut node_client = NodeAgentServiceClient::new(paused.server.channel());
+    let mut node_client = WorkspaceServiceClient::new(paused.server.channel());
     let mut request = tonic::Request::new(v1::StatRequest { workspace_id: workspace_id.clone(), path: String::new() });
     request.metadata_mut().insert(berth_proto::meta::GENERATION, record.generation.to_string().parse().expect("ascii"));
     let status = node_client.stat(request).await.expect_err("the superseded copy is gone");

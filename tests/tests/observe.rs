@@ -106,7 +106,7 @@ async fn metrics_and_one_trace_per_exec_across_replica_and_node_agent() {
         let spans = collector.spans();
         let node_span = spans.iter().find(|span| {
             span.service == "berth-node-agent"
-                && span.attributes.get("rpc").is_some_and(|rpc| rpc.contains("NodeAgentService/Exec"))
+                && span.attributes.get("rpc").is_some_and(|rpc| rpc.contains("WorkspaceService/Exec"))
                 && span.attributes.get("ws_id") == Some(&workspace_id)
         })?;
         let replica_span = spans.iter().find(|span| {

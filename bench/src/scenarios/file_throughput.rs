@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use berth_proto::v1;
-use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
+use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use bytes::Bytes;
 use futures::StreamExt;
 use rand::RngCore;
@@ -144,7 +144,7 @@ fn row(
 /// the generation metadata a replica would add).
 enum Target {
     Replica(v1::workspace_service_client::WorkspaceServiceClient<Channel>),
-    Node(NodeAgentServiceClient<Channel>, u64),
+    Node(WorkspaceServiceClient<Channel>, u64),
 }
 
 impl Target {
@@ -181,8 +181,8 @@ fn with_generation<T>(message: T, generation: u64) -> tonic::Request<T> {
     request
 }
 
-fn node_client(channel: &Channel) -> NodeAgentServiceClient<Channel> {
-    NodeAgentServiceClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024)
+fn node_client(channel: &Channel) -> WorkspaceServiceClient<Channel> {
+    WorkspaceServiceClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024)
 }
 
 async fn measure(
