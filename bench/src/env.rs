@@ -20,12 +20,12 @@ use crate::machine::MachineInfo;
 use crate::settings::Settings;
 
 /// Prints a progress line to stderr.
-#[macro_export]
 macro_rules! progress {
     ($($arg:tt)*) => {
         eprintln!("[berth-bench {}] {}", $crate::env::clock(), format_args!($($arg)*))
     };
 }
+pub(crate) use progress;
 
 /// Seconds since the bench started, for progress lines.
 pub fn clock() -> String {

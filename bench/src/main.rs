@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 
-use crate::env::Ctx;
+use crate::env::{Ctx, progress};
 use crate::machine::MachineInfo;
 use crate::report::{ScenarioResult, Status};
 use crate::settings::{Cli, Settings};

@@ -14,7 +14,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::GlobalArgs;
+use crate::global::GlobalArgs;
 
 /// How long to wait for the TCP + HTTP/2 handshake before giving up on the endpoint.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -32,8 +32,8 @@
 //!     globs are handled; `pub(in crate::…)` visibilities are ignored; a path after `::` or
 //!     `.` never starts one.
 //!   - `mod child;` declarations are not edges (a parent always declares its children), nor
-//!     is a file's reference to itself. `pub use self::child::X` is an edge; a path that
-//!     starts with a child's bare name (`pub use child::X`) is not.
+//!     is a file's reference to itself. A path through a child module is an edge, whether
+//!     it is written `self::child::X` or `child::X`.
 //!   - Every strongly connected component with more than one file is reported, with one
 //!     source line per edge inside it.
 //! - [`proto_depends_on_no_backend_sdk`]: `cargo tree -p berth-proto -e normal` names none
@@ -490,7 +490,7 @@ struct Reference {
 
 /// Every `crate::` / `$crate::` / `super::` / `self::` path in `code`, made absolute for a
 /// file whose module path is `module`.
-fn module_references(code: &str, module: &[String]) -> Vec<Reference> {
+fn module_references(code: &str, module: &[String], children: &BTreeSet<String>) -> Vec<Reference> {
     let chars: Vec<char> = code.chars().collect();
     let mut references = Vec::new();
     let mut line = 1;
@@ -512,6 +512,12 @@ fn module_references(code: &str, module: &[String]) -> Vec<Reference> {
             "crate" => Vec::new(),
             "self" => module.to_vec(),
             "super" => module[..module.len().saturating_sub(1)].to_vec(),
+            // `child::X` names the child module `child` of this file (2018 paths).
+            child if children.contains(child) => {
+                let mut base = module.to_vec();
+                base.push(child.to_owned());
+                base
+            }
             _ => {
                 index = word_end;
                 continue;
@@ -686,7 +692,12 @@ fn crate_cycles(root: &Path, crate_dir: &str, files: &[String]) -> Vec<String> {
     for (module, path) in &modules {
         let Some(code) = code_of.get(module) else { continue };
         let from = index_of[path];
-        for reference in module_references(code, module) {
+        let children: BTreeSet<String> = modules
+            .keys()
+            .filter(|other| other.len() == module.len() + 1 && other.starts_with(module))
+            .filter_map(|other| other.last().cloned())
+            .collect();
+        for reference in module_references(code, module, &children) {
             let Some(target) = resolve(&modules, &reference.path) else { continue };
             let to = index_of[target];
             if to == from {
@@ -766,7 +777,7 @@ use crate::a::B; // crate::comment::not_an_edge
 use super::{c, d::{E as Renamed, f}};
 use self::child::G;
 pub mod child;
-pub use child::NotAnEdgeByRule;
+pub use child::AlsoAnEdge;
 use other_crate::child::NotAnEdge;
 const S: &str = "crate::string::not_an_edge";
 const R: &str = r#"crate::raw::not_an_edge"#;
@@ -783,9 +794,14 @@ mod more_tests;
     let (code, test_modules) = strip_test_items(&strip_comments_and_literals(source));
     assert_eq!(test_modules, vec!["more_tests".to_owned()]);
     let module = vec!["x".to_owned(), "y".to_owned()];
-    let found: Vec<String> =
-        module_references(&code, &module).iter().map(|reference| reference.path.join("::")).collect();
-    assert_eq!(found, ["a::B", "x::c", "x::d::E", "x::d::f", "x::y::child::G", "h::call", "top::I"]);
+    let found: Vec<String> = module_references(&code, &module, &BTreeSet::from(["child".to_owned()]))
+        .iter()
+        .map(|reference| reference.path.join("::"))
+        .collect();
+    assert_eq!(
+        found,
+        ["a::B", "x::c", "x::d::E", "x::d::f", "x::y::child::G", "x::y::child::AlsoAnEdge", "h::call", "top::I"]
+    );
     assert!(names_bare_document("see DESIGN.md §4", "DESIGN.md"));
     assert!(!names_bare_document("see docs/DESIGN.md", "DESIGN.md"));
     assert!(!names_bare_document("MY_DESIGN.md", "DESIGN.md"));

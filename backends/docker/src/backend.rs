@@ -9,9 +9,10 @@ use berth_workspace::backend::{Backend, ByteStream, SpawnSpec, Spawned, WriteOpt
 use berth_workspace::error::Result;
 use berth_workspace::path::RelPath;
 
+use super::config::BACKEND_NAME;
 use super::container::ContainerHandle;
+use super::files;
 use super::process;
-use super::{BACKEND_NAME, files};
 
 /// A workspace running in a Docker container, its directory bind-mounted at `/workspace`.
 ///

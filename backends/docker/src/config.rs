@@ -7,6 +7,9 @@ use sha2::{Digest, Sha256};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::id::{WorkspaceId, validate_id};
 
+/// Name of the backend in logs, metric labels and errors.
+pub const BACKEND_NAME: &str = "docker";
+
 /// Image used when a workspace spec names none. Built locally by
 /// `deploy/images/build-base.sh`; Berth never pulls images.
 pub const DEFAULT_IMAGE: &str = "berth/base:latest";

@@ -97,7 +97,7 @@ pub(crate) async fn start_exec(
     match started {
         StartExecResults::Attached { output, input } => Ok((created.id, output, input)),
         StartExecResults::Detached => Err(WorkspaceError::Backend {
-            backend: super::BACKEND_NAME,
+            backend: super::config::BACKEND_NAME,
             message: "the daemon started an attached exec detached".into(),
         }),
     }

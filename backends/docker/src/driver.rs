@@ -37,11 +37,12 @@ use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::id::WorkspaceId;
 use berth_workspace::spec::WorkspaceSpec;
 
+use super::backend::DockerBackend;
+use super::config::BACKEND_NAME;
 use super::config::{DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name};
 use super::container::ContainerHandle;
 use super::errors::{docker_error, is_not_found, status_code};
 use super::scripts::Scripts;
-use super::{BACKEND_NAME, DockerBackend};
 
 /// How often a provision that lost the create race looks for the winner's container.
 const CONFLICT_LOOKUPS: usize = 20;

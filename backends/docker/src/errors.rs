@@ -4,7 +4,7 @@ use bollard::errors::Error as DockerError;
 
 use berth_workspace::error::WorkspaceError;
 
-use super::BACKEND_NAME;
+use super::config::BACKEND_NAME;
 
 /// The HTTP status of a daemon response error.
 pub(crate) fn status_code(error: &DockerError) -> Option<u16> {

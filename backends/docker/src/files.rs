@@ -178,7 +178,7 @@ pub(crate) async fn write_file(
     let status = match guard.pipes.as_mut() {
         Some(pipes) => exit_and_stderr(pipes.control.as_mut(), &mut pipes.stderr).await,
         None => Err(WorkspaceError::Backend {
-            backend: super::BACKEND_NAME,
+            backend: super::config::BACKEND_NAME,
             message: format!("write {display:?}: lost the exec"),
         }),
     };
@@ -191,7 +191,7 @@ pub(crate) async fn write_file(
         }
         Fed::SourceFailed(error) if is_aborted(code, &stderr_text) => Err(error),
         _ if code == 0 => Err(WorkspaceError::Backend {
-            backend: super::BACKEND_NAME,
+            backend: super::config::BACKEND_NAME,
             message: format!("write {display:?}: the content stream ended early"),
         }),
         _ => Err(script_error("write", &display, code, &stderr_text)),

@@ -14,9 +14,10 @@ use bollard::models::ContainerUpdateBody;
 
 use berth_workspace::error::{Result, WorkspaceError};
 
+use super::config::BACKEND_NAME;
 use super::container::{ContainerHandle, run_plain};
 use super::errors::docker_error;
-use super::{BACKEND_NAME, scripts};
+use super::scripts;
 
 /// Deadline of one kill, attempts included.
 const KILL_TIMEOUT: Duration = Duration::from_secs(30);

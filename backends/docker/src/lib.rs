@@ -23,10 +23,7 @@ mod scripts;
 
 pub use backend::DockerBackend;
 pub use config::{
-    BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX,
-    WORKSPACE_LABEL, container_name,
+    BACKEND_NAME, BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DockerConfig, NODE_LABEL, ROOT_LABEL,
+    SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name,
 };
 pub use driver::DockerDriver;
-
-/// Name of the backend in logs, metric labels and errors.
-pub const BACKEND_NAME: &str = "docker";

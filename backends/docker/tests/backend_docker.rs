@@ -38,7 +38,7 @@ fn docker_cli(args: &[&str]) -> std::process::Output {
 fn base_image() {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/images/build-base.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/images/build-base.sh");
         let built = Command::new("bash").arg(&script).arg(DEFAULT_IMAGE).output().expect("run build-base.sh");
         assert!(
             built.status.success(),

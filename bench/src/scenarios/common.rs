@@ -88,7 +88,7 @@ pub fn row_or_error(
     row: anyhow::Result<ScenarioResult>,
 ) -> ScenarioResult {
     row.unwrap_or_else(|error| {
-        crate::progress!("{scenario} {case}: error: {error:#}");
+        crate::env::progress!("{scenario} {case}: error: {error:#}");
         error_row(scenario, case, machine, &error)
     })
 }

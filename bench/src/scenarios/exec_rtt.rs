@@ -18,9 +18,9 @@ use bytes::Bytes;
 use tonic::transport::Channel;
 
 use super::common::{self, create_request};
+use crate::env::progress;
 use crate::env::{self, Ctx};
 use crate::machine::command_line;
-use crate::progress;
 use crate::report::{Floor, Quantity, ScenarioResult};
 use crate::stats::Summary;
 

@@ -16,8 +16,8 @@ use rand::RngCore;
 use tonic::transport::Channel;
 
 use super::common::{self, create_request};
+use crate::env::progress;
 use crate::env::{self, Ctx};
-use crate::progress;
 use crate::report::{Floor, Quantity, ScenarioResult};
 use crate::stats::Summary;
 

@@ -9,8 +9,8 @@ use berth_tests::cluster::Cluster;
 use berth_tests::etcd::EtcdProcess;
 
 use super::common::{self, burst, create_request, on_disk};
+use crate::env::progress;
 use crate::env::{self, Ctx};
-use crate::progress;
 use crate::report::{Quantity, ScenarioResult};
 use crate::stats::Summary;
 

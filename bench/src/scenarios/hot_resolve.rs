@@ -10,8 +10,8 @@ use berth_proto::v1;
 use tonic::transport::Channel;
 
 use super::common::{self, create_request};
+use crate::env::progress;
 use crate::env::{self, Ctx};
-use crate::progress;
 use crate::report::{Floor, Quantity, ScenarioResult};
 use crate::stats::Summary;
 

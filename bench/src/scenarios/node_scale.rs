@@ -20,9 +20,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::env::progress;
 use crate::env::{self, Ctx, EtcdCounters};
 use crate::machine::{clock_ticks_per_second, cpu_ticks};
-use crate::progress;
 use crate::report::{Floor, Quantity, ScenarioResult};
 use crate::stats::{self, Summary};
 

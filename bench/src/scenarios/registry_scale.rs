@@ -21,9 +21,9 @@ use futures::StreamExt;
 use rand::Rng;
 
 use super::common;
+use crate::env::progress;
 use crate::env::{self, Ctx};
 use crate::machine::{command_line, resident_bytes};
-use crate::progress;
 use crate::report::{Floor, Quantity, ScenarioResult};
 use crate::settings::Settings;
 use crate::stats::{self, Summary};

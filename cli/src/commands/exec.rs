@@ -11,9 +11,9 @@ use berth_proto::v1::{ExecRequest, ExecResult};
 use clap::Args;
 use tokio::io::AsyncReadExt;
 
-use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::commands::{key_values_to_map, parse_key_value};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 
 /// Exit status when the server killed the command at its timeout (as `timeout(1)`).

@@ -12,9 +12,9 @@ use berth_proto::v1::{
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::format::{file_kind_name, mode_octal, rfc3339_opt, rfc3339_seconds_cell};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
 

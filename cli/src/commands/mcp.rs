@@ -13,9 +13,9 @@ use berth_proto::v1::{
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::commands::parse_key_value;
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
 

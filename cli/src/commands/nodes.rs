@@ -8,9 +8,9 @@ use berth_proto::v1::{DrainNodeRequest, ListNodesRequest, NodeInfo, UndrainNodeR
 use clap::Subcommand;
 use serde::Serialize;
 
-use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::format::{age, node_state_name, rfc3339_opt};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
 

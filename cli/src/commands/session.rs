@@ -4,10 +4,10 @@ use berth_proto::v1::{CloseSessionRequest, CreateSessionRequest, GetSessionReque
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::commands::{key_values_to_map, parse_key_value};
 use crate::format::{rfc3339_opt, rfc3339_seconds_cell};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
 

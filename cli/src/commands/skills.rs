@@ -8,9 +8,9 @@ use berth_proto::v1::{
 use clap::Subcommand;
 use tokio::sync::mpsc;
 
-use crate::GlobalArgs;
 use crate::client::{RpcError, RpcResultExt, connect};
 use crate::commands::archive::{CHUNK_BYTES, pack_dir, stream_upload};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
 

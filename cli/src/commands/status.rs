@@ -7,10 +7,10 @@ use std::time::SystemTime;
 use berth_proto::v1::{ClusterStatus, GetClusterStatusRequest};
 use serde::Serialize;
 
-use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::commands::nodes::NodeView;
 use crate::format::{age, node_state_name, rfc3339_opt};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit_message};
 

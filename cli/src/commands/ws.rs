@@ -10,9 +10,9 @@ use berth_proto::v1::{
 use clap::Subcommand;
 use serde::Serialize;
 
-use crate::GlobalArgs;
 use crate::client::{RpcResultExt, connect};
 use crate::format::{policy_name, rfc3339_opt, rfc3339_seconds_cell, workspace_state_name};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
 

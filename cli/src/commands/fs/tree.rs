@@ -6,9 +6,9 @@ use berth_proto::v1::{DownloadTreeRequest, UploadTreeHeader, UploadTreeRequest, 
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::GlobalArgs;
 use crate::client::{RpcError, RpcResultExt, connect};
 use crate::commands::archive::{ChunkReader, pack_dir, stream_upload, unpack_into};
+use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::emit_message;
 

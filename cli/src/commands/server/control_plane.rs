@@ -12,7 +12,7 @@ use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::{Args, ValueEnum};
 
-use super::{default_id, parse_duration, shutdown_on_signal, split_list};
+use super::flags::{default_id, parse_duration, shutdown_on_signal, split_list};
 
 /// Flags of `berth control-plane`.
 #[derive(Debug, Args)]
@@ -42,7 +42,7 @@ pub struct ControlPlaneArgs {
     #[arg(long, env = "BERTH_NODE_CLIENT_KEY", requires = "node_client_cert")]
     pub node_client_key: Option<PathBuf>,
     #[command(flatten)]
-    pub config: super::ConfigFlag,
+    pub config: super::flags::ConfigFlag,
     #[command(flatten)]
     pub common: ReplicaFlags,
     #[command(flatten)]

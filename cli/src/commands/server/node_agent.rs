@@ -9,7 +9,7 @@ use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::Args;
 
-use super::{default_id, parse_duration, shutdown_on_signal, split_list};
+use super::flags::{default_id, parse_duration, shutdown_on_signal, split_list};
 use crate::commands::parse_key_value;
 
 /// Flags of `berth node-agent`.
@@ -48,7 +48,7 @@ pub struct NodeAgentArgs {
     #[arg(long, env = "BERTH_CONTROL_PLANE_CA_CERT")]
     pub control_plane_ca_cert: Option<PathBuf>,
     #[command(flatten)]
-    pub config: super::ConfigFlag,
+    pub config: super::flags::ConfigFlag,
     #[command(flatten)]
     pub common: NodeFlags,
     #[command(flatten)]

@@ -14,8 +14,8 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::control_plane::ReplicaFlags;
+use super::flags::shutdown_on_signal;
 use super::node_agent::NodeFlags;
-use super::shutdown_on_signal;
 
 /// Flags of `berth up`.
 #[derive(Debug, Args)]
@@ -28,7 +28,7 @@ pub struct UpArgs {
     #[arg(long, env = "BERTH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub config: super::ConfigFlag,
+    pub config: super::flags::ConfigFlag,
     #[command(flatten)]
     pub replica: ReplicaFlags,
     #[command(flatten)]
