@@ -19,7 +19,7 @@ pub struct NodeAgentArgs {
     /// and fails over.
     #[arg(long = "control-plane", env = "BERTH_CONTROL_PLANE", required = true, value_delimiter = ',')]
     pub control_planes: Vec<String>,
-    /// Address to serve NodeAgentService on.
+    /// Address to serve the node agent on (its lifecycle service and data plane; replicas only).
     #[arg(long, env = "BERTH_NODE_LISTEN", default_value = "127.0.0.1:7071")]
     pub listen: String,
     /// URL replicas reach this agent at (default: http://<listen address>).
@@ -35,7 +35,7 @@ pub struct NodeAgentArgs {
     /// listening beyond loopback unless --client-ca-cert is given.
     #[arg(long, env = "BERTH_NODE_SECRET_FILE")]
     pub node_secret_file: Option<PathBuf>,
-    /// Serve NodeAgentService over TLS with this certificate (PEM)…
+    /// Serve the node agent over TLS with this certificate (PEM)…
     #[arg(long, env = "BERTH_NODE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// …and key (PEM).
