@@ -520,7 +520,9 @@ pub async fn mcp_corrupt_config_is_reseeded(fixture: &dyn BackendFixture) {
 
 pub async fn mcp_lru_cap_and_idle_timeout(fixture: &dyn BackendFixture) {
     let config = McpServiceConfig {
-        pool: berth_features::mcp::McpPoolConfig { max_live: 2, idle_timeout: Duration::from_millis(400) },
+        // Long enough that a backend whose every exec is a Docker exec finishes the three
+        // starts below before the first idle client is reaped.
+        pool: berth_features::mcp::McpPoolConfig { max_live: 2, idle_timeout: Duration::from_secs(5) },
         ..McpServiceConfig::default()
     };
     let harness = mcp_harness(fixture, config).await;
@@ -532,7 +534,7 @@ pub async fn mcp_lru_cap_and_idle_timeout(fixture: &dyn BackendFixture) {
     // The cap closed the least recently used.
     assert_eq!(service.pool().live_servers(ws), ["three", "two"]);
     // Idle clients are closed by the reaper.
-    super::assert_eventually("idle mcp clients to be closed", Duration::from_secs(10), || async {
+    super::assert_eventually("idle mcp clients to be closed", Duration::from_secs(20), || async {
         service.pool().live_count() == 0
     })
     .await;
