@@ -54,20 +54,16 @@ async fn cluster(cancel: &CancellationToken, data: &Path) -> (String, String) {
     let mut node = berth_node_agent::NodeAgentConfig::new("node-cli", data.join("node"));
     node.control_planes = vec![endpoint.clone()];
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
-    let mut client = v1::workspace_service_client::WorkspaceServiceClient::new(
+    let client = v1::workspace_service_client::WorkspaceServiceClient::new(
         tonic::transport::Endpoint::from_shared(endpoint.clone()).unwrap().connect_lazy(),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let session = berth_testkit::eventually_ok("a workspace", Duration::from_secs(30), || {
+        let mut client = client.clone();
         let request = v1::CreateSessionRequest { user_id: "u".into(), agent_id: "a".into(), ..Default::default() };
-        match client.create_session(request).await {
-            Ok(session) => return (endpoint, session.into_inner().workspace_id),
-            Err(status) => {
-                assert!(tokio::time::Instant::now() < deadline, "no workspace within 30s: {status}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+        async move { client.create_session(request).await }
+    })
+    .await;
+    (endpoint, session.into_inner().workspace_id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

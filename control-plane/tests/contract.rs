@@ -53,34 +53,35 @@ async fn cluster_with(backend: &str, tweak: impl FnOnce(&mut berth_node_agent::N
     tweak(&mut node);
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
     let channel = tonic::transport::Endpoint::from_shared(replica_url).unwrap().connect_lazy();
-    let mut workspace = WorkspaceServiceClient::new(channel.clone());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let session = loop {
+    let workspace = WorkspaceServiceClient::new(channel.clone());
+    let ready = format!("a ready workspace on {backend}");
+    let session = berth_testkit::eventually_ok(&ready, Duration::from_secs(30), || {
+        let mut workspace = workspace.clone();
         let request = v1::CreateSessionRequest {
             user_id: "alice".into(),
             agent_id: format!("agent-{backend}"),
             backend: backend.into(),
             ..Default::default()
         };
-        match workspace.create_session(request).await {
-            Ok(session) => break session.into_inner(),
-            // The node is not registered or not serving yet.
-            Err(status) if tokio::time::Instant::now() < deadline => {
-                tracing_wait(&status).await;
+        async move {
+            let result = workspace.create_session(request).await;
+            // Only "not registered or not serving yet" is worth waiting out.
+            if let Err(status) = &result {
+                assert!(
+                    matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::FailedPrecondition | tonic::Code::Internal
+                    ),
+                    "unexpected: {status}"
+                );
             }
-            Err(status) => panic!("no ready workspace on {backend} within 30s: {status}"),
+            result
         }
-    };
+    })
+    .await
+    .into_inner();
     let contract = ContractServiceClient::new(channel).max_decoding_message_size(64 << 20);
     Cluster { contract, workspace, workspace_id: session.workspace_id, data, cancel }
-}
-
-async fn tracing_wait(status: &tonic::Status) {
-    assert!(
-        matches!(status.code(), tonic::Code::Unavailable | tonic::Code::FailedPrecondition | tonic::Code::Internal),
-        "unexpected: {status}"
-    );
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 fn header_value(value: &str, secret: bool) -> v1::McpValue {

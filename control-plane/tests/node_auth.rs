@@ -139,18 +139,14 @@ async fn mutual_tls_between_replica_and_node() {
         support::channel(&replica_endpoint),
         Creds::none(),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let session = loop {
+    let session = berth_testkit::eventually_ok("a session over mTLS", Duration::from_secs(30), || {
+        let mut client = client.clone();
         let request =
             v1::CreateSessionRequest { user_id: "alice".into(), agent_id: "tls".into(), ..Default::default() };
-        match client.create_session(request).await {
-            Ok(session) => break session.into_inner(),
-            Err(status) => {
-                assert!(tokio::time::Instant::now() < deadline, "no session over mTLS: {status:?}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+        async move { client.create_session(request).await }
+    })
+    .await
+    .into_inner();
     let listed = client.list_workspaces(v1::ListWorkspacesRequest::default()).await.unwrap().into_inner();
     assert!(listed.workspaces.iter().any(|workspace| workspace.workspace_id == session.workspace_id));
     let ran = client
@@ -224,17 +220,12 @@ async fn public_listener_serves_tls() {
     let ca = Certificate::from_pem(std::fs::read(dir.path().join("ca.pem")).unwrap());
     let tls = ClientTlsConfig::new().ca_certificate(ca);
     let channel = Endpoint::from_shared(format!("https://{address}")).unwrap().tls_config(tls).unwrap().connect_lazy();
-    let mut client = berth_proto::v1::workspace_service_client::WorkspaceServiceClient::new(channel);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        match client.list_workspaces(v1::ListWorkspacesRequest::default()).await {
-            Ok(_) => break,
-            Err(status) => {
-                assert!(tokio::time::Instant::now() < deadline, "no answer over TLS: {status:?}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    let client = berth_proto::v1::workspace_service_client::WorkspaceServiceClient::new(channel);
+    berth_testkit::eventually_ok("an answer over TLS", Duration::from_secs(20), || {
+        let mut client = client.clone();
+        async move { client.list_workspaces(v1::ListWorkspacesRequest::default()).await }
+    })
+    .await;
     // Plain text gets nowhere on a TLS listener.
     let mut plain = berth_proto::v1::workspace_service_client::WorkspaceServiceClient::new(support::channel(&format!(
         "http://{address}"

@@ -61,24 +61,24 @@ async fn harness(provision_delay: Duration) -> Harness {
     binder_config.bind_timeout = Duration::from_secs(20);
     let store = Arc::new(WorkspaceStore::new(registry, keys, Arc::clone(&view), lease, "replica-binder"));
     let binder = Arc::new(Binder::new(store, Arc::clone(&view), Arc::new(NodeClients::insecure()), binder_config));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while view.live_nodes().is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "the node never registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    berth_testkit::assert_eventually("the node to register", Duration::from_secs(20), || {
+        let registered = !view.live_nodes().is_empty();
+        async move { registered }
+    })
+    .await;
     let node_channel = tonic::transport::Endpoint::from_shared(node_url).unwrap().connect_lazy();
     let node = v1::node_agent_service_client::NodeAgentServiceClient::new(node_channel.clone());
-    let mut data_plane = v1::workspace_service_client::WorkspaceServiceClient::new(node_channel);
+    let data_plane = v1::workspace_service_client::WorkspaceServiceClient::new(node_channel);
     // Listed is not yet serving: the node lifts its fence when the registration answer
     // arrives. A fenced node answers UNAVAILABLE; a serving one says "not provisioned".
-    loop {
-        let probe = data_plane.stat(v1::StatRequest { workspace_id: "ws-probe".into(), path: String::new() }).await;
-        if probe.is_err_and(|status| status.code() == tonic::Code::FailedPrecondition) {
-            break;
+    berth_testkit::assert_eventually("the node to start serving", Duration::from_secs(20), || {
+        let mut data_plane = data_plane.clone();
+        async move {
+            let probe = data_plane.stat(v1::StatRequest { workspace_id: "ws-probe".into(), path: String::new() }).await;
+            probe.is_err_and(|status| status.code() == tonic::Code::FailedPrecondition)
         }
-        assert!(tokio::time::Instant::now() < deadline, "the node never started serving");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     Harness { binder, node, _data: data, cancel }
 }
 

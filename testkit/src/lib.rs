@@ -47,7 +47,7 @@ pub mod mcp_fixture;
 pub mod tar_corpus;
 pub mod wait;
 
-pub use wait::{assert_eventually, wait_for, wait_for_every, wait_until, wait_until_every};
+pub use wait::{assert_eventually, eventually_ok, wait_for, wait_for_every, wait_until, wait_until_every};
 
 /// A `cargo` command for a build nested in a process that cargo started (a test, `cargo
 /// run`): without the variables cargo set for *that* package. Build scripts that track

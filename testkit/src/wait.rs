@@ -1,7 +1,9 @@
 //! The one way Berth's tests wait: poll a condition until it holds or a deadline passes.
 //! Never sleep and hope — every wait names what it waits for and gives up loudly.
 
+use std::fmt::Debug;
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// How often a condition is polled unless the caller says otherwise.
@@ -66,4 +68,37 @@ where
     Fut: Future<Output = bool>,
 {
     assert!(wait_until(timeout, condition).await, "timed out after {timeout:?} waiting for: {what}");
+}
+
+/// Calls `call` every 50 ms until it returns `Ok`, and returns the value; fails the test
+/// naming `what` and the last error after `timeout` (a service still starting, a node not
+/// registered yet).
+pub async fn eventually_ok<T, E, F, Fut>(what: &str, timeout: Duration, mut call: F) -> T
+where
+    E: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let last_error = Mutex::new(None);
+    let value = wait_for(timeout, || {
+        let attempt = call();
+        let last_error = &last_error;
+        async move {
+            match attempt.await {
+                Ok(value) => Some(value),
+                Err(error) => {
+                    *last_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error);
+                    None
+                }
+            }
+        }
+    })
+    .await;
+    match value {
+        Some(value) => value,
+        None => panic!(
+            "timed out after {timeout:?} waiting for: {what}; last error: {:?}",
+            last_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        ),
+    }
 }

@@ -136,20 +136,14 @@ impl Harness {
     /// Waits until a session can be created (replicas serving, node registered and
     /// serving).
     async fn wait_ready(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let mut client = self.workspace(Creds::token(ALICE));
-        loop {
-            let probe = client
-                .create_session(v1::CreateSessionRequest { agent_id: "probe".into(), ..Default::default() })
-                .await;
-            match probe {
-                Ok(_) => return,
-                Err(status) => {
-                    assert!(tokio::time::Instant::now() < deadline, "the cluster never became ready: {status:?}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+        let client = self.workspace(Creds::token(ALICE));
+        berth_testkit::eventually_ok("the cluster to become ready", Duration::from_secs(30), || {
+            let mut client = client.clone();
+            async move {
+                client.create_session(v1::CreateSessionRequest { agent_id: "probe".into(), ..Default::default() }).await
             }
-        }
+        })
+        .await;
     }
 
     pub fn workspace(&self, creds: Creds) -> Client {
