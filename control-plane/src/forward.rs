@@ -18,7 +18,7 @@ use std::time::Duration;
 use berth_proto::contract::{
     check_mcp_target, check_skill_name, context_messages, mcp_spec_from_proto, tool_arguments, tree_destination,
 };
-use berth_proto::convert::exec_spec_from_proto;
+use berth_proto::convert::{exec_spec_from_proto, exec_timeout_from_proto};
 use berth_proto::routed::{self, Routed, Streamed};
 use berth_proto::v1;
 use berth_workspace::offload::{MAX_TOOL_RESULT_BYTES, validate_session_id};
@@ -106,7 +106,7 @@ macro_rules! forward {
 
 forward! {
     ExecRequest => |m| exec_spec_from_proto(m).map(drop),
-        deadline: |m| exec_spec_from_proto(m).ok().map(|spec| spec.timeout + EXEC_DEADLINE_MARGIN);
+        deadline: |m| exec_timeout_from_proto(m.timeout_ms).ok().map(|timeout| timeout + EXEC_DEADLINE_MARGIN);
     ReadFileRequest => |m| relative(&m.path), deadline: |_m| None;
     WriteFileHeader => |m| relative(&m.path);
     StatRequest => |m| relative(&m.path);

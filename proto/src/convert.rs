@@ -60,20 +60,23 @@ pub fn spec_to_proto(spec: &WorkspaceSpec) -> v1::WorkspaceSpec {
     }
 }
 
+/// The timeout an exec request asks for (`0`: the default), checked against the limit.
+pub fn exec_timeout_from_proto(timeout_ms: u64) -> Result<Duration, WorkspaceError> {
+    match timeout_ms {
+        0 => Ok(DEFAULT_EXEC_TIMEOUT),
+        millis if millis > MAX_EXEC_TIMEOUT.as_millis() as u64 => Err(WorkspaceError::LimitExceeded {
+            limit: "exec timeout (ms)",
+            size: millis,
+            max: MAX_EXEC_TIMEOUT.as_millis() as u64,
+        }),
+        millis => Ok(Duration::from_millis(millis)),
+    }
+}
+
 /// Builds and validates an exec from a request, applying defaults (timeout 60 s, output
 /// cap 1 MiB per stream).
 pub fn exec_spec_from_proto(request: &v1::ExecRequest) -> Result<ExecSpec, WorkspaceError> {
-    let timeout = match request.timeout_ms {
-        0 => DEFAULT_EXEC_TIMEOUT,
-        millis if millis > MAX_EXEC_TIMEOUT.as_millis() as u64 => {
-            return Err(WorkspaceError::LimitExceeded {
-                limit: "exec timeout (ms)",
-                size: millis,
-                max: MAX_EXEC_TIMEOUT.as_millis() as u64,
-            });
-        }
-        millis => Duration::from_millis(millis),
-    };
+    let timeout = exec_timeout_from_proto(request.timeout_ms)?;
     let max_output_bytes = match request.max_output_bytes {
         0 => DEFAULT_MAX_OUTPUT_BYTES,
         bytes if bytes > MAX_OUTPUT_BYTES_LIMIT as u64 => {
