@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use berth::config_file::{ConfigFile, ConfigFileError, parse_from, settable_flags};
 use clap::CommandFactory;
@@ -23,7 +23,7 @@ struct Run {
 
 /// Runs `berth args…` with only `env` in its environment and waits for it to exit.
 fn berth(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(args)
         .env_clear()
         .envs(env.iter().copied())
@@ -32,19 +32,21 @@ fn berth(args: &[&str], env: &[(&str, &str)]) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn berth");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait for berth") {
-            let output = child.wait_with_output().expect("berth output");
-            return Run { code: status.code(), stderr: String::from_utf8_lossy(&output.stderr).into_owned() };
+    // The exit is the condition: a thread waits for it, this one gives it 30 s.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
+    let (exited, exit) = std::sync::mpsc::channel();
+    std::thread::spawn(move || exited.send(child.wait_with_output()));
+    let (output, timed_out) = match exit.recv_timeout(Duration::from_secs(30)) {
+        Ok(output) => (output, false),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            (exit.recv().expect("the waiting thread answers"), true)
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().expect("berth output");
-            panic!("berth {args:?} still running after 30 s; stderr:\n{}", String::from_utf8_lossy(&output.stderr));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    let output = output.expect("berth output");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!timed_out, "berth {args:?} still running after 30 s; stderr:\n{stderr}");
+    Run { code: output.status.code(), stderr }
 }
 
 /// A temporary directory with `berth.toml` holding `text` and a `data` path that `berth up`
