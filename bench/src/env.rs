@@ -198,8 +198,6 @@ impl EtcdCounters {
     }
 }
 
-pub use berth_testkit::wait_until_every as poll_until;
-
 /// Runs `total` calls with `concurrency` in flight (closed loop): each worker takes the
 /// next index until none is left. Returns every call's latency and the wall time.
 pub async fn closed_loop<F, Fut>(total: usize, concurrency: usize, call: F) -> anyhow::Result<(Vec<Duration>, Duration)>

@@ -12,7 +12,9 @@ use futures::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::process::{ManagedProcess, ProcessSpec, free_port, wait_until};
+use berth_testkit::wait_until;
+
+use crate::process::{ManagedProcess, ProcessSpec, free_port};
 
 /// How long a process may take to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);

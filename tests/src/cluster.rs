@@ -17,7 +17,7 @@ use berth_workspace::WorkspaceId;
 use tempfile::TempDir;
 
 use crate::berth::{BerthProcess, DEFAULT_LOG_FILTER};
-use crate::process::wait_until;
+use berth_testkit::wait_until;
 
 /// Settings of a test cluster. Leases are short so failures show quickly.
 #[derive(Clone, Debug)]

@@ -23,7 +23,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::berth::{channel, is_serving};
-use crate::process::wait_until;
+use berth_testkit::wait_until;
 
 /// Images the compose file runs (its defaults).
 pub const BERTH_IMAGE: &str = "berth/berth:dev";

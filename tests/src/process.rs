@@ -228,5 +228,3 @@ impl Drop for ManagedProcess {
         }
     }
 }
-
-pub use berth_testkit::{wait_for, wait_until};

@@ -4,9 +4,9 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use berth_testkit::wait_until;
 use berth_tests::berth::{BerthProcess, berth_binary};
 use berth_tests::etcd::EtcdProcess;
-use berth_tests::process::wait_until;
 use nix::sys::signal::Signal;
 
 const TOKENS: &str = r#"

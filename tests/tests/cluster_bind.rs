@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use berth_control_plane::records::StoredState;
 use berth_proto::v1;
+use berth_testkit::{wait_for, wait_until};
 use berth_tests::cluster::{Cluster, ClusterConfig};
-use berth_tests::process::{wait_for, wait_until};
 use nix::sys::signal::Signal;
 
 /// What one CreateSession call did: the replica index it went to, its outcome, and when it

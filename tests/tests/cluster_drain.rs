@@ -9,9 +9,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use berth_proto::v1::NodeState;
+use berth_testkit::wait_until;
 use berth_tests::berth::berth_binary;
 use berth_tests::cluster::{Cluster, ClusterConfig};
-use berth_tests::process::wait_until;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use berth_control_plane::records::StoredState;
+use berth_testkit::wait_until;
 use berth_tests::berth::retry_transient;
 use berth_tests::cluster::{Cluster, ClusterConfig};
 use berth_tests::etcd::EtcdCluster;
-use berth_tests::process::wait_until;
 use nix::sys::signal::Signal;
 
 /// How long the test client keeps retrying one call that fails transiently.

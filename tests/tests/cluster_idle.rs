@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use berth_control_plane::records::StoredState;
 use berth_proto::v1;
+use berth_testkit::{wait_for, wait_until};
 use berth_tests::cluster::{Cluster, ClusterConfig};
-use berth_tests::process::{wait_for, wait_until};
 
 /// The log line of a sweep (control-plane/src/sweeper.rs).
 const SWEEP_LINE: &str = "workspace idle; runtime released";

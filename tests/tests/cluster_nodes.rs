@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use berth_proto::v1;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use berth_testkit::wait_until;
 use berth_tests::cluster::{Cluster, ClusterConfig};
-use berth_tests::process::wait_until;
 use nix::sys::signal::Signal;
 
 /// The harness's node lease TTL ([`ClusterConfig::new`]).

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use berth_proto::meta::ErrorKind;
 use berth_proto::v1;
+use berth_testkit::{wait_for, wait_until};
 use berth_tests::berth::{is_transient, retry_transient};
 use berth_tests::compose::{ComposeCluster, ComposeConfig, ComposeReplica, ETCD_SERVICES, REPLICA_SERVICES, docker};
-use berth_tests::process::{wait_for, wait_until};
 use tokio::sync::Semaphore;
 
 /// How long the test client keeps retrying one call that fails transiently.

@@ -178,7 +178,7 @@ async fn berth_up_serves_the_cli_and_raw_grpc_then_stops_on_signal() {
             listing.unwrap().into_inner().entries.into_iter().map(|entry| entry.name).collect::<Vec<String>>()
         }
     };
-    let clean = berth_tests::process::wait_until(Duration::from_secs(10), || async {
+    let clean = berth_testkit::wait_until(Duration::from_secs(10), || async {
         names().await.iter().all(|name| !name.contains("half") && !name.contains("berth-tmp"))
     })
     .await;

@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
+use berth_testkit::wait_for;
 use berth_tests::cluster::{Cluster, ClusterConfig};
 use berth_tests::observe::{CollectedSpan, OtlpCollector, Scrape, scrape};
-use berth_tests::process::{free_port, wait_for};
+use berth_tests::process::free_port;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -111,7 +111,7 @@ async fn probe(ctx: &Ctx, backend: &str) -> Result<(), String> {
     ];
     let agent = BerthProcess::spawn(&format!("probe-{backend}"), args, "info").map_err(|error| error.to_string())?;
     let endpoint = agent.endpoint.clone();
-    env::poll_until(Duration::from_secs(20), Duration::from_millis(50), || {
+    berth_testkit::wait_until_every(Duration::from_secs(20), Duration::from_millis(50), || {
         let endpoint = endpoint.clone();
         let agent = &agent;
         async move { !agent.is_running() || is_serving(&endpoint).await }

@@ -70,7 +70,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         };
         tasks.push(tokio::spawn(node.run(cancel.clone())));
     }
-    let all_listed = env::poll_until(Duration::from_secs(60), Duration::from_millis(200), || async {
+    let all_listed = berth_testkit::wait_until_every(Duration::from_secs(60), Duration::from_millis(200), || async {
         listed_counts(&cluster, &node_id(0)).await.iter().all(|(count, _)| *count == node_count)
     })
     .await;
@@ -173,10 +173,11 @@ async fn death_detection(
     let ttl = ctx.settings.node_lease_ttl;
     let started = Instant::now();
     victim.cancel();
-    let gone = env::poll_until(ttl * 3 + Duration::from_secs(10), Duration::from_millis(20), || async {
-        listed_counts(cluster, &victim_id).await.iter().all(|(_, listed)| !listed)
-    })
-    .await;
+    let gone =
+        berth_testkit::wait_until_every(ttl * 3 + Duration::from_secs(10), Duration::from_millis(20), || async {
+            listed_counts(cluster, &victim_id).await.iter().all(|(_, listed)| !listed)
+        })
+        .await;
     let detection = started.elapsed();
     anyhow::ensure!(gone, "{victim_id} is still listed {detection:?} after its heartbeats stopped");
     progress!("{NAME}: every replica dropped {victim_id} after {:.2}s", detection.as_secs_f64());

@@ -145,7 +145,7 @@ async fn start_replica(ctx: &Ctx, etcd: &EtcdProcess, prefix: &str, records: usi
     let started = Instant::now();
     let server = BerthProcess::spawn(&format!("replica-scale-{records}"), args, &settings.log_filter)?;
     let endpoint = server.endpoint.clone();
-    let serving = env::poll_until(START_TIMEOUT, READY_POLL, || {
+    let serving = berth_testkit::wait_until_every(START_TIMEOUT, READY_POLL, || {
         let endpoint = endpoint.clone();
         let server = &server;
         async move { !server.is_running() || is_serving(&endpoint).await }

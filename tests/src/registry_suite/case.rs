@@ -133,5 +133,3 @@ pub async fn next_batch(watch: &mut WatchStream, what: &str) -> Vec<WatchEvent> 
         None => panic!("{what}: watch ended"),
     }
 }
-
-pub use berth_testkit::wait_until as eventually;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::case::{Case, eventually, ok, within};
+use berth_testkit::wait_until;
+
+use super::case::{Case, ok, within};
 use berth_control_plane::registry::{Registry, RegistryError, Txn, TxnOp};
 
 /// Requested TTL; implementations may round it up to their minimum.
@@ -44,7 +46,7 @@ pub async fn lease_expiry_deletes_keys(case: Case) {
     assert_eq!(stored.lease, lease);
 
     assert!(
-        eventually(EXPIRY_DEADLINE, || gone(registry, &key)).await,
+        wait_until(EXPIRY_DEADLINE, || gone(registry, &key)).await,
         "key on an unrenewed lease still present {EXPIRY_DEADLINE:?} after the grant"
     );
     let lifetime = granted.elapsed();
@@ -68,7 +70,7 @@ pub async fn lease_keep_alive_extends_past_ttl(case: Case) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Once renewals stop, it expires as usual.
-    assert!(eventually(EXPIRY_DEADLINE, || gone(registry, &key)).await, "key still present after renewals stopped");
+    assert!(wait_until(EXPIRY_DEADLINE, || gone(registry, &key)).await, "key still present after renewals stopped");
 }
 
 pub async fn lease_revoke_deletes_keys_now(case: Case) {
