@@ -169,10 +169,12 @@ async fn symlink_swapped_between_check_and_use_never_escapes() {
     let workspace = alices_workspace(&mut client, "race").await;
     let probe = Path::new("/etc/berth-race-probe");
     let probe_dir = Path::new("/etc/berth-race-dir");
-    // `d` flips between a real directory holding `passwd` and a symlink to /etc.
+    // `d` flips between a real directory holding `passwd` and a symlink to /etc. The inside
+    // `passwd` appears whole (written aside, then renamed): a read never catches it empty
+    // between the shell's create and its write, which would look like a leak.
     let swapper = r#"end=$(( $(date +%s) + 8 )); n=0
         while [ "$(date +%s)" -lt "$end" ]; do
-          rm -rf d; mkdir d; echo inside > d/passwd; rm -rf d; ln -s /etc d; n=$((n+1))
+          rm -rf d; mkdir d; echo inside > d/.passwd; mv d/.passwd d/passwd; rm -rf d; ln -s /etc d; n=$((n+1))
         done; rm -rf d; echo "$n""#;
     let mut swapping = harness.workspace(Creds::token(ALICE));
     let swap_workspace = workspace.clone();
