@@ -7,7 +7,7 @@ use berth_workspace::backend::{
     DEFAULT_CHUNK_BYTES, DEFAULT_EXEC_TIMEOUT, DEFAULT_MAX_OUTPUT_BYTES, MAX_EXEC_TIMEOUT, MAX_OUTPUT_BYTES_LIMIT,
 };
 use berth_workspace::{
-    ExecEvent, ExecOutput, ExecSpec, FileInfo, FileKind, RelPath, SpawnSpec, WorkspaceError, WorkspaceSpec,
+    ExecEvent, ExecOutput, ExecSpec, FileInfo, FileKind, RelPath, SpawnRole, SpawnSpec, WorkspaceError, WorkspaceSpec,
 };
 use bytes::Bytes;
 use tonic::Status;
@@ -93,6 +93,8 @@ pub fn exec_spec_from_proto(request: &v1::ExecRequest) -> Result<ExecSpec, Works
             argv: request.argv.clone(),
             cwd: RelPath::parse(&request.cwd)?,
             env: request.env.clone().into_iter().collect(),
+            // A caller's exec is always the agent's; only the node starts secret holders.
+            role: SpawnRole::Agent,
         },
         stdin: Bytes::copy_from_slice(&request.stdin),
         timeout,

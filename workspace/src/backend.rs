@@ -22,7 +22,7 @@ use crate::posix;
 pub use crate::process::{
     BoxedReader, BoxedWriter, DEFAULT_EXEC_TIMEOUT, DEFAULT_MAX_OUTPUT_BYTES, ExecEvent, ExecOutput, ExecSpec,
     ExitInfo, MAX_ARGV_BYTES, MAX_ARGV_ENTRIES, MAX_EXEC_TIMEOUT, MAX_OUTPUT_BYTES_LIMIT, MAX_STDIN_BYTES,
-    ProcessControl, SpawnSpec, Spawned,
+    ProcessControl, SpawnRole, SpawnSpec, Spawned,
 };
 
 /// Shared handle to one workspace's backend.

@@ -28,7 +28,7 @@ pub mod tree;
 
 pub use backend::{
     Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind, ProcessControl,
-    SpawnSpec, Spawned, WriteOptions,
+    SpawnRole, SpawnSpec, Spawned, WriteOptions,
 };
 pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
 pub use error::{Result, WorkspaceError};

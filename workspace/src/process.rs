@@ -39,11 +39,31 @@ pub struct SpawnSpec {
     /// Working directory relative to the workspace root.
     pub cwd: RelPath,
     pub env: BTreeMap<String, String>,
+    /// Whom the process must be kept from; see [`SpawnRole`].
+    pub role: SpawnRole,
+}
+
+/// How a spawned process is isolated from the workspace's own processes.
+///
+/// Every backend honours the role or refuses the spawn with `BackendUnavailable`; none
+/// silently runs a `SecretHolder` as an `Agent`. The `local` backend isolates nothing and
+/// says so (it is offered only with `--allow-unsandboxed`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpawnRole {
+    /// A process of the workspace's agent: the workspace read-write, its uid, its `HOME`.
+    #[default]
+    Agent,
+    /// A process holding secrets the agent must not read (an MCP server started with a
+    /// `secret_ref` in its env): a host identity of its own that the workspace's processes
+    /// cannot signal, trace or read `/proc/<pid>/environ` of; `HOME` and cwd in a private
+    /// directory outside the workspace; the workspace not mounted; the program a system
+    /// path or a copy the agent cannot write after it was checked.
+    SecretHolder,
 }
 
 impl SpawnSpec {
     pub fn new(argv: Vec<String>) -> Self {
-        Self { argv, cwd: RelPath::root(), env: BTreeMap::new() }
+        Self { argv, cwd: RelPath::root(), env: BTreeMap::new(), role: SpawnRole::Agent }
     }
 
     /// Checks argv and env against the limits; every backend calls this before spawning.
