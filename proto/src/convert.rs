@@ -95,6 +95,7 @@ pub fn exec_spec_from_proto(request: &v1::ExecRequest) -> Result<ExecSpec, Works
             env: request.env.clone().into_iter().collect(),
             // A caller's exec is always the agent's; only the node starts secret holders.
             role: SpawnRole::Agent,
+            program_sha256: None,
         },
         stdin: Bytes::copy_from_slice(&request.stdin),
         timeout,

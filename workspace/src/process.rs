@@ -41,6 +41,11 @@ pub struct SpawnSpec {
     pub env: BTreeMap<String, String>,
     /// Whom the process must be kept from; see [`SpawnRole`].
     pub role: SpawnRole,
+    /// For a `SecretHolder` whose program lives in the workspace: argv[0] is a workspace
+    /// path, and the backend copies it where no workspace process can write, checks the
+    /// copy's SHA-256 against this pin and runs the copy (a mismatch is refused with
+    /// `InvalidArgument`). `None`: argv[0] must resolve outside the workspace.
+    pub program_sha256: Option<[u8; 32]>,
 }
 
 /// How a spawned process is isolated from the workspace's own processes.
@@ -63,7 +68,7 @@ pub enum SpawnRole {
 
 impl SpawnSpec {
     pub fn new(argv: Vec<String>) -> Self {
-        Self { argv, cwd: RelPath::root(), env: BTreeMap::new(), role: SpawnRole::Agent }
+        Self { argv, cwd: RelPath::root(), env: BTreeMap::new(), role: SpawnRole::Agent, program_sha256: None }
     }
 
     /// Checks argv and env against the limits; every backend calls this before spawning.
