@@ -161,6 +161,13 @@ fn every_flag_of_every_server_command_is_a_key() {
         assert!(flags.len() > 10, "{name}: only {} flags", flags.len());
         for arg in flags {
             let long = arg.get_long().expect("settable flags have long names");
+            if matches!(arg.get_action(), clap::ArgAction::SetTrue | clap::ArgAction::SetFalse) {
+                // A switch is a TOML boolean: `true` gives the bare flag.
+                let file = ConfigFile::parse(Path::new("berth.toml"), &format!("{long} = true")).expect("valid TOML");
+                let arguments = file.arguments(command, |_| false).unwrap_or_else(|error| panic!("{name}: {error}"));
+                assert_eq!(arguments, vec![std::ffi::OsString::from(format!("--{long}"))], "{name}: {long}");
+                continue;
+            }
             // A flag's own default and possible values are valid by definition.
             let own: Vec<String> = arg
                 .get_default_values()

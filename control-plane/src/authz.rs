@@ -108,6 +108,22 @@ pub fn require_admin(principal: &Principal) -> Result<(), Denied> {
     }
 }
 
+/// May `principal` create a workspace on `backend` (empty: the node's default, which
+/// placement keeps sandboxed for callers without the grant)? An unsandboxed backend runs
+/// commands as the node agent's user, so it needs an admin or an explicit grant.
+pub fn require_backend(principal: &Principal, backend: &str) -> Result<(), Denied> {
+    if backend.is_empty() || principal.may_use_backend(backend) {
+        return Ok(());
+    }
+    Err(Denied::Forbidden {
+        principal: principal.label(),
+        what: format!(
+            "use the unsandboxed backend {backend:?}: it runs commands as the node agent's user; an operator \
+             grants it with `backends = [\"{backend}\"]` on the token or the `berth_backends` JWT claim"
+        ),
+    })
+}
+
 /// The user a CreateSession-like call is made for. `requested` is the request body's
 /// `user_id` (empty = none). A principal that may act for users names the user (body or
 /// `x-berth-act-as`); any other principal is its own user and may only repeat its name.

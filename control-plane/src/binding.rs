@@ -41,6 +41,10 @@ pub struct NewWorkspace {
     pub policy: IsolationPolicy,
     pub backend: String,
     pub spec: WorkspaceSpec,
+    /// The creator may land on a node whose default backend is unsandboxed (it may use
+    /// every unsandboxed backend). Matters only while `backend` is empty; a bind without a
+    /// create of a record that never got a backend is placed as if this were false.
+    pub any_backend: bool,
 }
 
 /// A request to make a workspace READY.
@@ -294,7 +298,8 @@ impl Binder {
                 return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
             }
         };
-        let (node_id, generation, provisioned) = self.place_and_provision(&record).await?;
+        let any_backend = request.create.as_ref().is_some_and(|new| new.any_backend);
+        let (node_id, generation, provisioned) = self.place_and_provision(&record, any_backend).await?;
         record.generation = generation;
         record.updated_at_ms = now_ms();
         record.changed_by = self.store.replica_id().to_owned();
@@ -322,7 +327,11 @@ impl Binder {
     /// generation, so a half-made copy from a failed attempt is recognisably stale and
     /// removed by the node's reconciliation. Returns the node, the generation and the
     /// provisioning outcome.
-    async fn place_and_provision(&self, record: &WorkspaceRecord) -> Result<(String, u64, Result<String>)> {
+    async fn place_and_provision(
+        &self,
+        record: &WorkspaceRecord,
+        any_backend: bool,
+    ) -> Result<(String, u64, Result<String>)> {
         const ATTEMPTS: u64 = 5;
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 1;
@@ -334,6 +343,7 @@ impl Binder {
                 &record.backend,
                 &record.spec.labels,
                 record.node_id.as_deref(),
+                !any_backend,
             )?;
             let generation = record.generation + attempt;
             let outcome = self.provision_on(&node.node_id, &node.address, record, generation).await;

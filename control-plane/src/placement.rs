@@ -30,7 +30,9 @@ impl Placement {
         Self::default()
     }
 
-    /// Picks a node for `workspace_id`. `backend` empty means "any node, its default".
+    /// Picks a node for `workspace_id`. `backend` empty means "any node, its default" — only
+    /// a node whose default is sandboxed when `sandboxed_default_only` (a caller without the
+    /// grant for unsandboxed backends must not land on one by naming none).
     pub fn choose(
         &self,
         view: &ReplicaView,
@@ -38,6 +40,7 @@ impl Placement {
         backend: &str,
         labels: &BTreeMap<String, String>,
         prefer: Option<&str>,
+        sandboxed_default_only: bool,
     ) -> Result<Arc<NodeRecord>, ControlPlaneError> {
         let selector: Vec<(&str, &str)> = labels
             .iter()
@@ -47,7 +50,11 @@ impl Placement {
             // The drain key, not the node record's `draining` copy of it: the record is
             // rewritten only every few seconds, and an undrain must take effect at once.
             !view.is_draining(&node.node_id)
-                && (backend.is_empty() || node.backends.iter().any(|offered| offered == backend))
+                && (if backend.is_empty() {
+                    !sandboxed_default_only || !berth_proto::backends::is_unsandboxed(&node.default_backend)
+                } else {
+                    node.backends.iter().any(|offered| offered == backend)
+                })
                 && selector.iter().all(|(key, value)| node.labels.get(*key).map(String::as_str) == Some(*value))
                 && (node.capacity_workspaces == 0 || node.load.workspaces < node.capacity_workspaces)
         };
@@ -80,7 +87,11 @@ impl Placement {
                 Ok(entry.record)
             }
             None => Err(ControlPlaneError::NoLiveNode {
-                backend: if backend.is_empty() { "(node default)".into() } else { backend.into() },
+                backend: match (backend.is_empty(), sandboxed_default_only) {
+                    (false, _) => backend.into(),
+                    (true, false) => "(node default)".into(),
+                    (true, true) => "(node default, sandboxed)".into(),
+                },
                 selector: if selector.is_empty() {
                     String::new()
                 } else {
@@ -164,14 +175,37 @@ mod tests {
 
         let view = ReplicaView::start(Arc::clone(&registry), &keys, cancel.clone()).await.unwrap();
         assert!(view.is_draining("node-a") && !view.node_holds_workspaces("node-a"));
-        let chosen = placement.choose(&view, "ws-1", "local", &BTreeMap::new(), Some("node-a")).unwrap();
+        let chosen = placement.choose(&view, "ws-1", "local", &BTreeMap::new(), Some("node-a"), true).unwrap();
         assert_eq!(chosen.node_id, "node-b");
 
         registry.delete(&keys.drain("node-a")).await.unwrap();
         let view = ReplicaView::start(Arc::clone(&registry), &keys, cancel.clone()).await.unwrap();
         assert!(view.node_holds_workspaces("node-a"));
-        let chosen = placement.choose(&view, "ws-1", "local", &BTreeMap::new(), Some("node-a")).unwrap();
+        let chosen = placement.choose(&view, "ws-1", "local", &BTreeMap::new(), Some("node-a"), true).unwrap();
         assert_eq!(chosen.node_id, "node-a");
+        cancel.cancel();
+    }
+
+    /// A caller without the grant for unsandboxed backends, naming no backend, never lands
+    /// on a node whose default is `local`, however idle that node is.
+    #[tokio::test]
+    async fn an_unsandboxed_default_is_only_for_callers_who_may_use_it() {
+        let registry: RegistryRef = EmbeddedRegistry::new();
+        let keys = Keys::new("/placement-test");
+        registry.put(&keys.node("node-local"), records::encode(&node("node-local", 0))).await.unwrap();
+        let sandboxed = NodeRecord {
+            backends: vec!["bubblewrap".into()],
+            default_backend: "bubblewrap".into(),
+            ..node("node-bwrap", 9)
+        };
+        registry.put(&keys.node("node-bwrap"), records::encode(&sandboxed)).await.unwrap();
+        let cancel = CancellationToken::new();
+        let view = ReplicaView::start(Arc::clone(&registry), &keys, cancel.clone()).await.unwrap();
+        let placement = Placement::new();
+        let chosen = placement.choose(&view, "ws-1", "", &BTreeMap::new(), None, true).unwrap();
+        assert_eq!(chosen.node_id, "node-bwrap");
+        let chosen = placement.choose(&view, "ws-1", "", &BTreeMap::new(), None, false).unwrap();
+        assert_eq!(chosen.node_id, "node-local");
         cancel.cancel();
     }
 }

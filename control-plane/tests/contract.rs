@@ -50,6 +50,7 @@ async fn cluster_with(backend: &str, tweak: impl FnOnce(&mut berth_node_agent::N
     let mut node = berth_node_agent::NodeAgentConfig::new("node-contract", data.path().join("node"));
     node.control_planes = vec![replica_url.clone()];
     node.backends = vec![backend.to_owned()];
+    node.allow_unsandboxed = true;
     tweak(&mut node);
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
     let channel = tonic::transport::Endpoint::from_shared(replica_url).unwrap().connect_lazy();

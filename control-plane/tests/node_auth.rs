@@ -131,6 +131,7 @@ async fn mutual_tls_between_replica_and_node() {
     node.control_planes = vec![replica_endpoint.clone()];
     node.node_secret = Some(secret.clone());
     node.tls = Some(TlsFiles { cert: certs.join("node-tls.pem"), key: certs.join("node-tls.key") });
+    node.allow_unsandboxed = true;
     node.client_ca = Some(certs.join("ca.pem"));
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
 
@@ -201,6 +202,7 @@ async fn unauthenticated_listeners_beyond_loopback_are_refused() {
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
     let mut node = berth_node_agent::NodeAgentConfig::new("node-open", tempfile::tempdir().unwrap().path());
     node.control_planes = vec!["http://127.0.0.1:1".into()];
+    node.allow_unsandboxed = true;
     let error = berth_node_agent::serve(listener, node, CancellationToken::new()).await.unwrap_err().to_string();
     assert!(error.contains("without credentials"), "{error}");
 }

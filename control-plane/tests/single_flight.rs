@@ -43,6 +43,7 @@ async fn harness(provision_delay: Duration) -> Harness {
     let mut node_config = berth_node_agent::NodeAgentConfig::new("node-a", data.path());
     node_config.control_planes = vec![replica_url];
     node_config.debug_provision_delay = provision_delay;
+    node_config.allow_unsandboxed = true;
     tokio::spawn(berth_node_agent::serve(node_listener, node_config, cancel.clone()));
 
     // The binder under test, a second "replica" sharing the registry.
@@ -90,6 +91,7 @@ fn request(workspace: &WorkspaceId, backend: &str) -> BindRequest {
             policy: IsolationPolicy::PerAgent,
             backend: backend.into(),
             spec: WorkspaceSpec::default(),
+            any_backend: true,
         }),
         ..BindRequest::existing(workspace.clone())
     }

@@ -17,6 +17,10 @@ pub struct NodeAgentConfig {
     pub data_dir: PathBuf,
     /// Backends offered, in order; the first is the default.
     pub backends: Vec<String>,
+    /// Offer unsandboxed backends (`local`) at all (`--allow-unsandboxed`). Without it a
+    /// config naming one refuses to start; with it, an unsandboxed backend is still never
+    /// the default next to a sandbox.
+    pub allow_unsandboxed: bool,
     pub labels: BTreeMap<String, String>,
     /// 0 = unlimited.
     pub capacity_workspaces: u32,
@@ -49,7 +53,9 @@ impl NodeAgentConfig {
             advertise_address: String::new(),
             control_planes: Vec::new(),
             data_dir: data_dir.into(),
+            // Invalid until `allow_unsandboxed` is set: offering `local` is a decision.
             backends: vec!["local".into()],
+            allow_unsandboxed: false,
             labels: BTreeMap::new(),
             capacity_workspaces: 0,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
@@ -72,6 +78,7 @@ impl NodeAgentConfig {
         if self.backends.is_empty() {
             return Err("at least one backend is needed".into());
         }
+        self.check_unsandboxed()?;
         berth_workspace::mcp::config::validate_all(&self.contract.mcp.defaults)
             .map_err(|error| format!("default mcp servers: {error}"))?;
         if self.contract.mcp.pool.max_live == 0 {
@@ -90,6 +97,35 @@ impl NodeAgentConfig {
         }
         if self.max_execs_per_workspace == 0 {
             return Err("max execs per workspace must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// An unsandboxed backend runs commands as this process's user: offered only when the
+    /// operator says so, and never the default next to a sandbox (a caller naming no
+    /// backend must not get the host).
+    fn check_unsandboxed(&self) -> Result<(), String> {
+        let unsandboxed: Vec<&str> = self
+            .backends
+            .iter()
+            .map(String::as_str)
+            .filter(|name| berth_proto::backends::is_unsandboxed(name))
+            .collect();
+        if let Some(first) = unsandboxed.first()
+            && !self.allow_unsandboxed
+        {
+            return Err(format!(
+                "backend {first:?} is unsandboxed: it runs every command as this node agent's user, with access to \
+                 its secrets and every workspace on the node; offer it only with --allow-unsandboxed \
+                 (config key allow-unsandboxed = true), or offer a sandbox (--backend bubblewrap or docker)"
+            ));
+        }
+        let sandboxed = self.backends.iter().find(|name| !berth_proto::backends::is_unsandboxed(name));
+        if let (Some(sandbox), true) = (sandboxed, berth_proto::backends::is_unsandboxed(self.default_backend())) {
+            return Err(format!(
+                "backend {:?} is unsandboxed and may not be the default next to {sandbox:?}: list the sandbox first",
+                self.default_backend()
+            ));
         }
         Ok(())
     }

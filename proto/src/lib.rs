@@ -10,6 +10,7 @@ pub mod v1 {
 }
 
 pub mod auth;
+pub mod backends;
 pub mod contract;
 pub mod convert;
 pub mod meta;

@@ -191,6 +191,8 @@ impl Cluster {
             data_dir.display().to_string(),
             "--node-id".into(),
             id.clone(),
+            // The default backend is `local`; tests that pass `--backend` keep this harmless.
+            "--allow-unsandboxed".into(),
         ];
         args.extend(self.config.node_flags.iter().cloned());
         let server = BerthProcess::start_with_log(&id, args, &self.config.log_filter)

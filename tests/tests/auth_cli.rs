@@ -13,9 +13,11 @@ const TOKENS: &str = r#"
 [[token]]
 secret = "alice-token-0123456789"
 user = "alice"
+backends = ["local"]
 [[token]]
 secret = "eve-token-0123456789"
 user = "eve"
+backends = ["local"]
 [[token]]
 secret = "platform-token-0123456789"
 service = "platform"
@@ -77,6 +79,7 @@ async fn control_plane_with_tokens_and_the_cli() {
             &data.display().to_string(),
             "--node-id",
             "node-auth",
+            "--allow-unsandboxed",
             "--node-secret-file",
             &secret.display().to_string(),
         ]

@@ -108,6 +108,8 @@ async fn probe(ctx: &Ctx, backend: &str) -> Result<(), String> {
         format!("probe-{backend}"),
         "--backend".into(),
         backend.into(),
+        // Harmless for the sandboxes; `local` is offered only with it.
+        "--allow-unsandboxed".into(),
     ];
     let agent = BerthProcess::spawn(&format!("probe-{backend}"), args, "info").map_err(|error| error.to_string())?;
     let endpoint = agent.endpoint.clone();

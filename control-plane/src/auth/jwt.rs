@@ -2,7 +2,9 @@
 //! key), verified with `jsonwebtoken` (on ring).
 //!
 //! `sub` is the principal's name. Optional claims: `admin: true` makes an admin,
-//! `act_for_users: true` a service that may act for users; neither, an end user. `exp` is
+//! `act_for_users: true` a service that may act for users; neither, an end user.
+//! `berth_backends: ["local"]` grants unsandboxed backends, as a token's `backends` does
+//! (only unsandboxed names; anything else makes the token invalid). `exp` is
 //! required and enforced with a small leeway; `iss` / `aud` are checked when configured.
 //! Only the algorithm that matches the configured key is accepted (no `alg: none`, no
 //! HS256-with-the-public-key confusion).
@@ -52,6 +54,8 @@ struct Claims {
     admin: bool,
     #[serde(default)]
     act_for_users: bool,
+    #[serde(default)]
+    berth_backends: Vec<String>,
 }
 
 pub struct JwtVerifier {
@@ -110,7 +114,9 @@ impl JwtVerifier {
         } else {
             Role::User
         };
-        Ok(Principal::new(claims.sub, role))
+        let granted_backends = super::tokens::granted_backends(claims.berth_backends)
+            .map_err(|reason| AuthError::InvalidToken(format!("berth_backends claim: {reason}")))?;
+        Ok(Principal { granted_backends, ..Principal::new(claims.sub, role) })
     }
 }
 
@@ -167,6 +173,14 @@ mod tests {
         let mut service = good.clone();
         service["act_for_users"] = true.into();
         assert_eq!(verifier.authenticate(&sign(service, secret)).unwrap().role, Role::Service { act_for_users: true });
+
+        let mut granted = good.clone();
+        granted["berth_backends"] = serde_json::json!(["local"]);
+        assert!(verifier.authenticate(&sign(granted, secret)).unwrap().may_use_backend("local"));
+        let mut bad_grant = good.clone();
+        bad_grant["berth_backends"] = serde_json::json!(["docker"]);
+        assert!(matches!(verifier.authenticate(&sign(bad_grant, secret)), Err(AuthError::InvalidToken(_))));
+        assert!(!verifier.authenticate(&sign(good.clone(), secret)).unwrap().may_use_backend("local"));
 
         let mut expired = good.clone();
         expired["exp"] = (now() - 60).into();

@@ -24,11 +24,15 @@ pub struct Principal {
     /// The user this call is made for (`x-berth-act-as`); only principals that may act for
     /// users carry one.
     pub acting_for: Option<String>,
+    /// Unsandboxed backends (`local`) an operator granted this principal: a token's
+    /// `backends = ["local"]` or a JWT's `berth_backends` claim. Sandboxed backends need no
+    /// grant; admins need none for any backend.
+    pub granted_backends: Vec<String>,
 }
 
 impl Principal {
     pub fn new(name: impl Into<String>, role: Role) -> Self {
-        Self { name: name.into(), role, acting_for: None }
+        Self { name: name.into(), role, acting_for: None, granted_backends: Vec::new() }
     }
 
     /// The trusted local operator of `--auth none`.
@@ -42,6 +46,21 @@ impl Principal {
 
     pub fn is_admin(&self) -> bool {
         matches!(self.role, Role::Admin | Role::Local)
+    }
+
+    /// May this principal have a workspace on `backend`? Sandboxed backends are open to
+    /// everyone; an unsandboxed one (`berth_proto::backends`) to admins (and `--auth none`'s
+    /// local operator) and to principals it was granted to.
+    pub fn may_use_backend(&self, backend: &str) -> bool {
+        !berth_proto::backends::is_unsandboxed(backend)
+            || self.is_admin()
+            || self.granted_backends.iter().any(|granted| granted == backend)
+    }
+
+    /// May this principal land on a node's default backend whatever it is? Only when it
+    /// may use every unsandboxed backend.
+    pub fn may_use_any_backend(&self) -> bool {
+        berth_proto::backends::UNSANDBOXED_BACKENDS.iter().all(|backend| self.may_use_backend(backend))
     }
 
     /// The user id the call is made as: the acted-for user, else the principal's own name.

@@ -14,9 +14,16 @@
 //! secret = "…"
 //! admin = true                   # an operator
 //! name = "ops"                   # optional, for audit lines (default "admin")
+//!
+//! [[token]]
+//! secret = "…"
+//! user = "trusted-dev"
+//! backends = ["local"]           # may pick these unsandboxed backends (any role but admin)
 //! ```
 //!
-//! Every token has exactly one role. A presented token is compared with *every* stored
+//! Every token has exactly one role. `backends` grants unsandboxed backends
+//! (`berth_proto::backends::UNSANDBOXED_BACKENDS`); naming a sandboxed or unknown one is
+//! an error (sandboxed backends need no grant, and a typo must not pass silently). A presented token is compared with *every* stored
 //! one, on SHA-256 digests with `subtle`'s constant-time equality, so neither the time
 //! taken nor an early exit tells which token (or how much of one) matched. A reload that
 //! fails to parse keeps the previous set and logs why.
@@ -52,6 +59,8 @@ struct TokenEntry {
     #[serde(default)]
     admin: bool,
     name: Option<String>,
+    #[serde(default)]
+    backends: Vec<String>,
 }
 
 struct StoredToken {
@@ -163,9 +172,27 @@ fn parse(text: &str) -> Result<Vec<StoredToken>, String> {
             _ => return Err(at("exactly one role is needed: user = \"…\", service = \"…\" or admin = true".into())),
         };
         validate_id("principal name", &principal.name).map_err(|error| at(error.to_string()))?;
+        let principal = Principal { granted_backends: granted_backends(entry.backends).map_err(at)?, ..principal };
         tokens.push(StoredToken { digest: secret.digest(), principal });
     }
     Ok(tokens)
+}
+
+/// Checks a `backends` grant: only unsandboxed backend names, each once.
+pub(super) fn granted_backends(names: Vec<String>) -> Result<Vec<String>, String> {
+    let mut granted: Vec<String> = Vec::with_capacity(names.len());
+    for name in names {
+        if !berth_proto::backends::is_unsandboxed(&name) {
+            return Err(format!(
+                "backends: {name:?} is not an unsandboxed backend (grantable: {}); sandboxed backends need no grant",
+                berth_proto::backends::UNSANDBOXED_BACKENDS.join(", ")
+            ));
+        }
+        if !granted.contains(&name) {
+            granted.push(name);
+        }
+    }
+    Ok(granted)
 }
 
 #[cfg(test)]
@@ -200,6 +227,30 @@ mod tests {
         assert_eq!(store.authenticate("admin-secret-0123456789").unwrap(), Principal::new("admin", Role::Admin));
         assert_eq!(store.authenticate("alice-secret-012345678"), Err(AuthError::Invalid));
         assert_eq!(store.authenticate(""), Err(AuthError::Invalid));
+    }
+
+    #[test]
+    fn backends_grant_unsandboxed_backends_only() {
+        let store = store(
+            r#"
+            [[token]]
+            secret = "trusted-secret-0123456789"
+            user = "trusted"
+            backends = ["local"]
+            [[token]]
+            secret = "plain-secret-0123456789"
+            user = "plain"
+            "#,
+        );
+        let trusted = store.authenticate("trusted-secret-0123456789").unwrap();
+        assert_eq!(trusted.granted_backends, vec!["local".to_owned()]);
+        assert!(trusted.may_use_backend("local"));
+        let plain = store.authenticate("plain-secret-0123456789").unwrap();
+        assert!(!plain.may_use_backend("local") && plain.may_use_backend("bubblewrap"));
+        let error = parse("[[token]]\nsecret = \"0123456789abcdef\"\nuser = \"a\"\nbackends = [\"bubblewrap\"]")
+            .err()
+            .unwrap_or_default();
+        assert!(error.contains("not an unsandboxed backend"), "{error}");
     }
 
     #[test]

@@ -61,6 +61,9 @@ impl Sessions {
         if !request.backend.is_empty() {
             validate_id("backend", &request.backend)?;
         }
+        // Before anything is created or joined: the grant is the principal's own (a service
+        // acting for a user brings its grant, not the user's).
+        authz::require_backend(caller.principal(), &request.backend)?;
         let spec = spec_from_proto(request.spec);
         spec.validate()?;
         let policy = self.isolation;
@@ -85,7 +88,8 @@ impl Sessions {
             }
         }
         let owner = if policy == IsolationPolicy::Global && !explicit { String::new() } else { user.clone() };
-        let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec };
+        let any_backend = caller.principal().may_use_any_backend();
+        let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec, any_backend };
         let record = self
             .binder
             .ensure_ready(BindRequest { create: Some(create), ..BindRequest::existing(workspace_id.clone()) })

@@ -1,6 +1,8 @@
 //! In-process cluster for security tests: an embedded registry, a replica with
 //! `--auth token`, a second replica with `--auth jwt` on the same registry, and one node
-//! agent (local backend) that only accepts the replicas' node secret.
+//! agent (local backend) that only accepts the replicas' node secret. The node offers only
+//! `local` (with `allow_unsandboxed`), so the test users' tokens and JWTs carry the grant
+//! for it (`backends = ["local"]`, `berth_backends`): without it a plain user is refused.
 
 #![allow(dead_code)]
 
@@ -32,12 +34,15 @@ const TOKENS: &str = r#"
 [[token]]
 secret = "alice-token-0123456789"
 user = "alice"
+backends = ["local"]
 [[token]]
 secret = "eve-token-0123456789"
 user = "eve"
+backends = ["local"]
 [[token]]
 secret = "carol-token-0123456789"
 user = "carol"
+backends = ["local"]
 [[token]]
 secret = "platform-token-0123456789"
 service = "platform"
@@ -126,6 +131,7 @@ pub async fn start(limits: Limits) -> Harness {
     node.node_secret = Some(node_secret.clone());
     node.max_execs_per_workspace = limits.max_execs_per_workspace;
     node.max_file_bytes = limits.max_file_bytes;
+    node.allow_unsandboxed = true;
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
     let harness = Harness { token_endpoint, jwt_endpoint, node_endpoint, node_secret, registry, dir, cancel };
     harness.wait_ready().await;
@@ -214,7 +220,8 @@ impl tonic::service::Interceptor for Creds {
 /// An HS256 JWT for `sub`, expiring `expires_in_secs` from now (negative: in the past).
 pub fn jwt(sub: &str, expires_in_secs: i64, extra: serde_json::Value) -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() as i64;
-    let mut claims = serde_json::json!({ "sub": sub, "exp": now + expires_in_secs });
+    // The harness node offers only `local`: every test JWT is granted it.
+    let mut claims = serde_json::json!({ "sub": sub, "exp": now + expires_in_secs, "berth_backends": ["local"] });
     if let (Some(claims), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
         claims.extend(extra.clone());
     }

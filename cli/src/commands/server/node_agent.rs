@@ -59,8 +59,14 @@ pub struct NodeAgentArgs {
 #[derive(Debug, Args)]
 pub struct NodeFlags {
     /// Backends to offer (repeatable or comma-separated); the first is the default.
+    /// `local` is unsandboxed and needs --allow-unsandboxed.
     #[arg(long = "backend", env = "BERTH_BACKENDS", default_value = "local", value_delimiter = ',')]
     pub backends: Vec<String>,
+    /// Offer the unsandboxed `local` backend: commands run as this process's user, with its
+    /// secrets and every workspace on the node in reach. Callers still need an admin role or
+    /// a grant (token `backends`, JWT `berth_backends`) to pick it.
+    #[arg(long, env = "BERTH_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
     /// Node label for placement selectors (repeatable).
     #[arg(long = "label", value_parser = parse_key_value)]
     pub labels: Vec<(String, String)>,
@@ -103,6 +109,7 @@ pub struct NodeFlags {
 impl NodeFlags {
     pub fn apply(&self, config: &mut NodeAgentConfig) -> anyhow::Result<()> {
         config.backends = split_list(&self.backends);
+        config.allow_unsandboxed = self.allow_unsandboxed;
         config.labels = self.labels.iter().cloned().collect();
         config.capacity_workspaces = self.capacity;
         config.max_file_bytes = self.max_file_bytes;

@@ -56,6 +56,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening for the node agent")?;
     let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));
     args.node.apply(&mut node)?;
+    // With --auth none the only caller is the local operator (loopback only, checked
+    // above), who owns this host anyway: `local` stays the out-of-the-box dev loop. With
+    // real authentication, offering it is the operator's explicit decision again.
+    if matches!(replica.auth, berth_control_plane::auth::AuthConfig::None) {
+        node.allow_unsandboxed = true;
+    }
     node.node_secret = Some(node_secret);
     let scheme = if replica.tls.is_some() { "https" } else { "http" };
     node.control_planes = vec![format!("{scheme}://{public}")];

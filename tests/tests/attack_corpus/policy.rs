@@ -1,0 +1,183 @@
+//! Backend policy, operator ceilings, the node's exec output budget and per-user quotas.
+//!
+//! - **Backend downgrade** (entry point: CreateSession's `backend`, and no backend at all):
+//!   a plain user asks for `local` on a node that offers it next to bubblewrap. Refused
+//!   with PERMISSION_DENIED naming the grant; the host marker an unsandboxed `touch` would
+//!   create never appears. A user granted `local` creates it (the positive control that
+//!   the marker would show).
+//! - **Careless operator**: a node agent naming `local` without `--allow-unsandboxed`, or
+//!   with `local` as the default next to a sandbox, refuses to start.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use berth_proto::auth::{BearerInterceptor, Secret};
+use berth_proto::v1;
+use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use berth_testkit::wait_until;
+use berth_tests::berth::{BerthProcess, channel, retry_transient};
+use tonic::Code;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+const TOKENS: &str = r#"
+[[token]]
+secret = "mallory-token-0123456789"
+user = "mallory"
+[[token]]
+secret = "trusted-token-0123456789"
+user = "trusted"
+backends = ["local"]
+[[token]]
+secret = "ops-token-0123456789"
+admin = true
+"#;
+const MALLORY: &str = "mallory-token-0123456789";
+const TRUSTED: &str = "trusted-token-0123456789";
+
+type Client = WorkspaceServiceClient<InterceptedService<Channel, BearerInterceptor>>;
+
+/// A replica with `--auth token` on the shared etcd and one node agent.
+struct Stack {
+    replica: BerthProcess,
+    _node: BerthProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl Stack {
+    async fn start(replica_flags: &[&str], node_flags: &[&str]) -> Stack {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, TOKENS).unwrap();
+        let secret = dir.path().join("node.secret");
+        std::fs::write(&secret, format!("{:032x}\n", rand::random::<u128>())).unwrap();
+        let prefix = format!("/berth-policy-{:016x}", rand::random::<u64>());
+        let mut args: Vec<String> = [
+            "control-plane",
+            "--etcd",
+            &berth_tests::etcd::shared().endpoint(),
+            "--key-prefix",
+            &prefix,
+            "--replica-id",
+            "replica-policy",
+            "--auth",
+            "token",
+            "--tokens-file",
+            &tokens.display().to_string(),
+            "--node-secret-file",
+            &secret.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(replica_flags.iter().map(|flag| (*flag).to_owned()));
+        let replica = BerthProcess::start("replica-policy", args).await.unwrap();
+        let mut args: Vec<String> = [
+            "node-agent",
+            "--control-plane",
+            &replica.endpoint,
+            "--data-dir",
+            &dir.path().join("node").display().to_string(),
+            "--node-id",
+            "node-policy",
+            "--node-secret-file",
+            &secret.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(node_flags.iter().map(|flag| (*flag).to_owned()));
+        let node = BerthProcess::start("node-policy", args).await.unwrap();
+        // Sessions are retried while the node registers (see `session`).
+        Stack { replica, _node: node, _dir: dir }
+    }
+
+    fn client(&self, token: &str) -> Client {
+        WorkspaceServiceClient::with_interceptor(
+            channel(&self.replica.endpoint),
+            BearerInterceptor::new(Some(&Secret::new(token.to_owned()))),
+        )
+        .max_decoding_message_size(64 * 1024 * 1024)
+    }
+
+    /// A session of `token`'s user, retried while the node registers (no live node is a
+    /// retryable UNAVAILABLE); any other refusal comes back at once.
+    async fn session(&self, token: &str, agent: &str, backend: &str) -> Result<v1::Session, tonic::Status> {
+        let request =
+            v1::CreateSessionRequest { agent_id: agent.into(), backend: backend.into(), ..Default::default() };
+        let (outcome, _attempts) = retry_transient(Duration::from_secs(20), || {
+            let mut client = self.client(token);
+            let request = request.clone();
+            async move { client.create_session(request).await.map(tonic::Response::into_inner) }
+        })
+        .await;
+        outcome
+    }
+}
+
+fn exec_request(workspace_id: &str, script: &str) -> v1::ExecRequest {
+    v1::ExecRequest {
+        workspace_id: workspace_id.into(),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        timeout_ms: 30_000,
+        ..Default::default()
+    }
+}
+
+fn marker() -> PathBuf {
+    PathBuf::from(format!("/tmp/berth-policy-marker-{:016x}", rand::random::<u64>()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_user_cannot_pick_local_and_lands_in_the_sandbox() {
+    let stack = Stack::start(&[], &["--backend", "bubblewrap,local", "--allow-unsandboxed"]).await;
+    let marker = marker();
+    let touch = format!("touch {}", marker.display());
+
+    // Asking for `local` outright: refused before anything exists, naming the grant.
+    let refused = stack.session(MALLORY, "coder", "local").await.expect_err("mallory got a local workspace");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("berth_backends") && refused.message().contains("backends = [\"local\"]"),
+        "the refusal must name the grant: {}",
+        refused.message()
+    );
+    // Naming no backend: the node's default, which is the sandbox.
+    let session = stack.session(MALLORY, "coder", "").await.unwrap();
+    let ran = stack.client(MALLORY).exec(exec_request(&session.workspace_id, &touch)).await.unwrap().into_inner();
+    assert_eq!(ran.exit_code, 0, "{}", String::from_utf8_lossy(&ran.stderr));
+    let workspace = stack
+        .client(MALLORY)
+        .get_workspace(v1::GetWorkspaceRequest { workspace_id: session.workspace_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(workspace.backend, "bubblewrap");
+    assert!(!marker.exists(), "mallory's touch reached the host: {}", marker.display());
+
+    // The control: a granted user gets `local`, and its touch lands on the host.
+    let trusted = stack.session(TRUSTED, "coder", "local").await.unwrap();
+    let ran = stack.client(TRUSTED).exec(exec_request(&trusted.workspace_id, &touch)).await.unwrap().into_inner();
+    assert_eq!(ran.exit_code, 0, "{}", String::from_utf8_lossy(&ran.stderr));
+    assert!(marker.exists(), "the unsandboxed control did not create {}", marker.display());
+    std::fs::remove_file(&marker).ok();
+}
+
+/// Starts `berth node-agent` with `flags` and expects it to exit at once, naming `expected`.
+async fn refuses_to_start(flags: &[&str], expected: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> =
+        ["node-agent", "--control-plane", "http://127.0.0.1:1", "--data-dir"].map(str::to_owned).to_vec();
+    args.push(dir.path().display().to_string());
+    args.extend(flags.iter().map(|flag| (*flag).to_owned()));
+    let node = BerthProcess::spawn("node-refused", args, "info").unwrap();
+    let exited = wait_until(Duration::from_secs(20), || async { !node.is_running() }).await;
+    let log = node.log();
+    assert!(exited, "a node agent with {flags:?} started; log:\n{log}");
+    assert!(log.contains(expected), "the refusal of {flags:?} must name {expected:?}; log:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_offering_local_without_the_flag_refuses_to_start() {
+    refuses_to_start(&["--backend", "bubblewrap,local"], "--allow-unsandboxed").await;
+    refuses_to_start(&[], "--allow-unsandboxed").await;
+    refuses_to_start(&["--backend", "local,bubblewrap", "--allow-unsandboxed"], "may not be the default").await;
+}
