@@ -160,10 +160,13 @@ impl From<ControlPlaneError> for Status {
             E::BadNodeAddress { .. } => Status::internal(message),
             E::NoLiveNode { .. } => mark_retryable(Status::unavailable(message)),
             E::ProvisionFailed { code, .. } => match code {
+                // A spec over a node's ceiling is the node's INVALID_ARGUMENT; its message names
+                // the limit, the value and the ceiling.
+                tonic::Code::InvalidArgument => Status::invalid_argument(message),
+                tonic::Code::ResourceExhausted => Status::resource_exhausted(message),
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
                     mark_retryable(Status::unavailable(message))
                 }
-                tonic::Code::InvalidArgument => Status::invalid_argument(message),
                 _ => Status::failed_precondition(message),
             },
             E::WorkspaceFailed { .. } => Status::failed_precondition(message),

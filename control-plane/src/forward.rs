@@ -21,6 +21,7 @@ use berth_proto::contract::{
 use berth_proto::convert::{exec_spec_from_proto, exec_timeout_from_proto};
 use berth_proto::routed::{self, Routed, Streamed};
 use berth_proto::v1;
+use berth_workspace::backend::MAX_EXEC_TIMEOUT;
 use berth_workspace::offload::{MAX_TOOL_RESULT_BYTES, validate_session_id};
 use berth_workspace::{RelPath, WorkspaceError, WorkspaceId};
 use futures::Stream;
@@ -60,6 +61,14 @@ pub trait Forward: Routed + Clone + Send + Sync + 'static {
     fn deadline(&self, node_call_timeout: Duration) -> Option<Duration> {
         Some(node_call_timeout)
     }
+}
+
+/// The node call's deadline of an exec. A request without a timeout gets the node's
+/// default, which this replica does not know (`--default-exec-timeout` of the node, at
+/// most the static ceiling), so it is given the static ceiling.
+fn exec_deadline(timeout_ms: u64) -> Option<Duration> {
+    let timeout = if timeout_ms == 0 { MAX_EXEC_TIMEOUT } else { exec_timeout_from_proto(timeout_ms).ok()? };
+    Some(timeout + EXEC_DEADLINE_MARGIN)
 }
 
 fn invalid(error: WorkspaceError) -> Status {
@@ -106,7 +115,7 @@ macro_rules! forward {
 
 forward! {
     ExecRequest => |m| exec_spec_from_proto(m).map(drop),
-        deadline: |m| exec_timeout_from_proto(m.timeout_ms).ok().map(|timeout| timeout + EXEC_DEADLINE_MARGIN);
+        deadline: |m| exec_deadline(m.timeout_ms);
     ReadFileRequest => |m| relative(&m.path), deadline: |_m| None;
     WriteFileHeader => |m| relative(&m.path);
     StatRequest => |m| relative(&m.path);

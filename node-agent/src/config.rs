@@ -44,7 +44,17 @@ pub struct NodeAgentConfig {
     pub control_plane_tls: Option<ClientTls>,
     /// Most execs running at once in one workspace; more get RESOURCE_EXHAUSTED.
     pub max_execs_per_workspace: u32,
+    /// Operator defaults and ceilings of spec and exec limits (`--default-*`,
+    /// `--ceiling-*`).
+    pub limits: crate::limits::NodeLimits,
+    /// Node-wide bytes of exec output buffered at once by unary execs
+    /// (`--exec-output-budget-bytes`); an exec that cannot reserve its share is refused.
+    pub exec_output_budget_bytes: u64,
 }
+
+/// Default of [`NodeAgentConfig::exec_output_budget_bytes`]: two unary execs at the
+/// 64 MiB per-stream ceiling, or 128 at the 1 MiB default.
+pub const DEFAULT_EXEC_OUTPUT_BUDGET_BYTES: u64 = 256 * 1024 * 1024;
 
 impl NodeAgentConfig {
     pub fn new(node_id: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
@@ -67,6 +77,8 @@ impl NodeAgentConfig {
             client_ca: None,
             control_plane_tls: None,
             max_execs_per_workspace: 32,
+            limits: crate::limits::NodeLimits::default(),
+            exec_output_budget_bytes: DEFAULT_EXEC_OUTPUT_BUDGET_BYTES,
         }
     }
 
@@ -79,6 +91,10 @@ impl NodeAgentConfig {
             return Err("at least one backend is needed".into());
         }
         self.check_unsandboxed()?;
+        self.limits.validate()?;
+        if self.exec_output_budget_bytes < 1024 * 1024 {
+            return Err("the exec output budget (--exec-output-budget-bytes) must be at least 1 MiB".into());
+        }
         berth_workspace::mcp::config::validate_all(&self.contract.mcp.defaults)
             .map_err(|error| format!("default mcp servers: {error}"))?;
         if self.contract.mcp.pool.max_live == 0 {

@@ -35,6 +35,17 @@ pub enum NodeError {
     #[error("concurrent execs per workspace exceeded: {attempted} > {max} (node --max-execs-per-workspace)")]
     TooManyExecs { attempted: u32, max: u32 },
 
+    /// A spec or exec limit above the operator's ceiling; never satisfiable on this node.
+    #[error("{limit} {requested} is above this node's ceiling {ceiling} (node {flag})")]
+    AboveCeiling { limit: &'static str, flag: &'static str, requested: u64, ceiling: u64 },
+
+    /// The node-wide budget of buffered exec output cannot cover this exec right now.
+    #[error(
+        "exec output budget of this node exhausted: the exec needs {wanted} bytes of buffer, {available} of {budget} \
+         are free (node --exec-output-budget-bytes); retry later, stream the exec, or ask for less max_output_bytes"
+    )]
+    OutputBudgetExhausted { wanted: u64, available: u64, budget: u64 },
+
     /// A client stream did not start with its header; `rpc` is empty for the contract calls.
     #[error("the first {rpc}message must be a header")]
     MissingHeader { rpc: &'static str },
@@ -77,7 +88,10 @@ impl From<NodeError> for Status {
             E::NotHeld { .. } | E::WrongGeneration { .. } | E::Released { .. } => {
                 ErrorKind::WrongGeneration.attach(Status::failed_precondition(message))
             }
-            E::TooManyExecs { .. } => ErrorKind::LimitExceeded.attach(Status::resource_exhausted(message)),
+            E::TooManyExecs { .. } | E::OutputBudgetExhausted { .. } => {
+                ErrorKind::LimitExceeded.attach(Status::resource_exhausted(message))
+            }
+            E::AboveCeiling { .. } => ErrorKind::LimitExceeded.attach(Status::invalid_argument(message)),
             E::MissingHeader { .. } | E::EmptyStream | E::RemoveRoot => Status::invalid_argument(message),
             E::ProvisionTask { .. } => Status::internal(message),
             E::Unauthenticated => Status::unauthenticated(message),

@@ -1,6 +1,8 @@
 //! Exec and file calls on a node (`WorkspaceService`'s data plane), each on a workspace the
 //! [`Gate`](crate::gate::Gate) admitted. Admits at most `--max-execs-per-workspace`
-//! concurrent execs per workspace.
+//! concurrent execs per workspace; fills an exec's zero timeout / output cap with the
+//! operator defaults and refuses values above the ceilings (`limits.rs`); a unary exec
+//! first reserves its output buffer from the node-wide budget.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use tonic::{Status, Streaming};
 
 use crate::error::{NodeError, status};
 use crate::gate::Admitted;
+use crate::limits::{NodeLimits, OutputBudget};
 use crate::metrics;
 use crate::state::Entry;
 
@@ -31,23 +34,41 @@ fn rel_path(value: &str) -> Result<RelPath, Status> {
 pub struct Files {
     max_file_bytes: u64,
     max_execs_per_workspace: u32,
+    limits: NodeLimits,
+    output_budget: OutputBudget,
 }
 
 impl Files {
-    pub fn new(max_file_bytes: u64, max_execs_per_workspace: u32) -> Self {
-        Self { max_file_bytes, max_execs_per_workspace }
+    pub fn new(
+        max_file_bytes: u64,
+        max_execs_per_workspace: u32,
+        limits: NodeLimits,
+        output_budget_bytes: u64,
+    ) -> Self {
+        Self { max_file_bytes, max_execs_per_workspace, limits, output_budget: OutputBudget::new(output_budget_bytes) }
     }
 
-    pub async fn exec(&self, workspace: Admitted, request: v1::ExecRequest) -> Reply<v1::ExecResult> {
+    pub async fn exec(&self, workspace: Admitted, mut request: v1::ExecRequest) -> Reply<v1::ExecResult> {
+        self.limits.apply_to_exec(&mut request)?;
         let spec = exec_spec_from_proto(&request).map_err(status)?;
         let _in_flight = InFlight::start(&workspace.entry, self.max_execs_per_workspace)?;
+        // Held until the answer is built: the buffers live that long. Refused at once when
+        // the node cannot cover it (never queued behind other execs).
+        let _output = self.output_budget.reserve(spec.max_output_bytes as u64)?;
         let started = std::time::Instant::now();
         let output = workspace.backend.exec(&spec).await;
         metrics::exec_done(&workspace.entry.backend_name, output.is_ok(), started.elapsed());
         Ok(exec_output_to_proto(output.map_err(status)?))
     }
 
-    pub async fn exec_stream(&self, workspace: Admitted, request: v1::ExecRequest) -> Reply<BoxStream<v1::ExecChunk>> {
+    pub async fn exec_stream(
+        &self,
+        workspace: Admitted,
+        mut request: v1::ExecRequest,
+    ) -> Reply<BoxStream<v1::ExecChunk>> {
+        // A streamed exec forwards its output as it comes (the gRPC stream's flow control
+        // bounds what is held), so it reserves no output budget; its limits still apply.
+        self.limits.apply_to_exec(&mut request)?;
         let spec = exec_spec_from_proto(&request).map_err(status)?;
         let in_flight = InFlight::start(&workspace.entry, self.max_execs_per_workspace)?;
         let timer =

@@ -14,6 +14,7 @@ pub mod fence;
 pub mod files;
 pub mod gate;
 pub mod heartbeat;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod service;

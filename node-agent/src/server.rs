@@ -79,10 +79,15 @@ pub async fn serve(
         .build_v1()
         .map_err(|error| ServeError::Config(error.to_string()))?;
     let gate = Arc::new(Gate::new(Arc::clone(&workspaces), fence));
-    let lifecycle = NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&gate)))
+    let lifecycle = NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&gate), config.limits))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let files = Files::new(config.max_file_bytes, config.max_execs_per_workspace);
+    let files = Files::new(
+        config.max_file_bytes,
+        config.max_execs_per_workspace,
+        config.limits,
+        config.exec_output_budget_bytes,
+    );
     let data_plane = Arc::new(DataPlane::new(gate, files, contract));
     let workspace_api = WorkspaceServiceServer::from_arc(Arc::clone(&data_plane))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

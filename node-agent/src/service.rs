@@ -13,11 +13,14 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{NodeError, status};
 use crate::gate::Gate;
+use crate::limits::NodeLimits;
 use crate::metrics;
 use crate::state::{Entry, Workspaces};
 
 pub struct NodeAgentApi {
     gate: Arc<Gate>,
+    /// Defaults and ceilings applied to every provisioned spec.
+    limits: NodeLimits,
 }
 
 fn workspace_id(value: &str) -> Result<WorkspaceId, Status> {
@@ -25,8 +28,8 @@ fn workspace_id(value: &str) -> Result<WorkspaceId, Status> {
 }
 
 impl NodeAgentApi {
-    pub fn new(gate: Arc<Gate>) -> Self {
-        Self { gate }
+    pub fn new(gate: Arc<Gate>, limits: NodeLimits) -> Self {
+        Self { gate, limits }
     }
 
     fn workspaces(&self) -> &Arc<Workspaces> {
@@ -44,8 +47,12 @@ impl NodeAgentService for NodeAgentApi {
         let request = request.into_inner();
         let id = workspace_id(&request.workspace_id)?;
         berth_proto::trace::record_workspace(id.as_str());
-        let spec = spec_from_proto(request.spec);
+        let mut spec = spec_from_proto(request.spec);
         spec.validate().map_err(status)?;
+        // Zeros become the operator's defaults; a value over a ceiling is refused before
+        // anything exists on disk. Applied on every provision, so a lowered ceiling holds
+        // for a workspace re-placed later too.
+        self.limits.apply_to_spec(&mut spec)?;
         tracing::debug!(ws_id = %id, generation = request.generation, "provisioning");
         // Run to completion even if the caller goes away: a provision cancelled between
         // creating the directory and writing the state file would leave a directory the

@@ -7,9 +7,13 @@
 //!   the marker would show).
 //! - **Careless operator**: a node agent naming `local` without `--allow-unsandboxed`, or
 //!   with `local` as the default next to a sandbox, refuses to start.
+//! - **Output bomb**: many concurrent unary execs printing a gigabyte each. Each gets its
+//!   output cap; the node reserves 2 × cap per exec from `--exec-output-budget-bytes` and
+//!   refuses the rest at once with RESOURCE_EXHAUSTED; the node agent's peak memory stays
+//!   within the budget's reach. An output cap above the ceiling is INVALID_ARGUMENT.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use berth_proto::auth::{BearerInterceptor, Secret};
 use berth_proto::v1;
@@ -40,7 +44,7 @@ type Client = WorkspaceServiceClient<InterceptedService<Channel, BearerIntercept
 /// A replica with `--auth token` on the shared etcd and one node agent.
 struct Stack {
     replica: BerthProcess,
-    _node: BerthProcess,
+    node: BerthProcess,
     _dir: tempfile::TempDir,
 }
 
@@ -87,7 +91,7 @@ impl Stack {
         args.extend(node_flags.iter().map(|flag| (*flag).to_owned()));
         let node = BerthProcess::start("node-policy", args).await.unwrap();
         // Sessions are retried while the node registers (see `session`).
-        Stack { replica, _node: node, _dir: dir }
+        Stack { replica, node, _dir: dir }
     }
 
     fn client(&self, token: &str) -> Client {
@@ -180,4 +184,87 @@ async fn a_node_offering_local_without_the_flag_refuses_to_start() {
     refuses_to_start(&["--backend", "bubblewrap,local"], "--allow-unsandboxed").await;
     refuses_to_start(&[], "--allow-unsandboxed").await;
     refuses_to_start(&["--backend", "local,bubblewrap", "--allow-unsandboxed"], "may not be the default").await;
+}
+
+/// The node agent's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_bomb_is_capped_and_the_overflow_refused_at_once() {
+    const CAP: u64 = 8 * 1024 * 1024;
+    const BUDGET: u64 = 32 * 1024 * 1024;
+    const BOMBS: usize = 12;
+    let stack = Stack::start(
+        &[],
+        &[
+            "--backend",
+            "local",
+            "--allow-unsandboxed",
+            "--ceiling-output-bytes",
+            &CAP.to_string(),
+            "--exec-output-budget-bytes",
+            &BUDGET.to_string(),
+        ],
+    )
+    .await;
+    let session = stack.session(TRUSTED, "bomber", "").await.unwrap();
+    let workspace = session.workspace_id.clone();
+
+    // Above the ceiling: refused whatever the budget, naming limit, value and ceiling.
+    let mut greedy = exec_request(&workspace, "true");
+    greedy.max_output_bytes = CAP + 1;
+    let refused = stack.client(TRUSTED).exec(greedy).await.expect_err("an output cap above the ceiling ran");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("--ceiling-output-bytes"), "{}", refused.message());
+
+    // A gigabyte each on stdout, many at once. Every call answers; none waits for another.
+    let baseline = peak_rss(stack.node.pid());
+    let started = Instant::now();
+    let bombs = (0..BOMBS).map(|_| {
+        let mut client = stack.client(TRUSTED);
+        let mut request = exec_request(&workspace, "head -c 1073741824 /dev/zero");
+        request.max_output_bytes = CAP;
+        async move {
+            let sent = Instant::now();
+            (client.exec(request).await, sent.elapsed())
+        }
+    });
+    let outcomes = futures::future::join_all(bombs).await;
+    let (mut capped, mut refused) = (0, 0);
+    for (outcome, took) in &outcomes {
+        match outcome {
+            Ok(result) => {
+                let result = result.get_ref();
+                assert!(result.stdout_truncated && result.stdout.len() as u64 == CAP, "{} bytes", result.stdout.len());
+                capped += 1;
+            }
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(status.message().contains("--exec-output-budget-bytes"), "{}", status.message());
+                assert!(*took < Duration::from_secs(5), "a refusal took {took:?}: it waited");
+                refused += 1;
+            }
+        }
+    }
+    let peak = peak_rss(stack.node.pid());
+    eprintln!(
+        "output bomb: {BOMBS} execs of 1 GiB, cap {CAP}, budget {BUDGET}: {capped} capped, {refused} refused in {:?}; \
+         node peak RSS {} MiB (baseline {} MiB)",
+        started.elapsed(),
+        peak >> 20,
+        baseline >> 20
+    );
+    assert!(capped >= 1 && refused >= 1, "{capped} capped, {refused} refused");
+    assert!(capped as u64 * 2 * CAP <= BUDGET * 4, "more execs ran than the budget covers at once");
+    // Every admitted exec buffers at most 2 × CAP; with copies for the answer a few times
+    // the budget, never BOMBS × 2 × CAP (192 MiB) on top of the baseline.
+    assert!(peak < baseline + 3 * BUDGET, "node agent peak RSS {peak} over baseline {baseline}");
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use berth_node_agent::NodeAgentConfig;
+use berth_node_agent::limits::{Bound, NodeLimits};
 use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::Args;
@@ -67,6 +68,8 @@ pub struct NodeFlags {
     /// a grant (token `backends`, JWT `berth_backends`) to pick it.
     #[arg(long, env = "BERTH_ALLOW_UNSANDBOXED")]
     pub allow_unsandboxed: bool,
+    #[command(flatten)]
+    pub limits: LimitFlags,
     /// Node label for placement selectors (repeatable).
     #[arg(long = "label", value_parser = parse_key_value)]
     pub labels: Vec<(String, String)>,
@@ -106,10 +109,72 @@ pub struct NodeFlags {
     pub tree_max_files: u64,
 }
 
+/// Operator defaults (`--default-*`, used when a request says 0) and ceilings
+/// (`--ceiling-*`, above which a request is refused) of spec and exec limits; 0 = none.
+#[derive(Debug, Args)]
+pub struct LimitFlags {
+    #[arg(long, default_value_t = 0)]
+    pub default_memory_bytes: u64,
+    #[arg(long, default_value_t = 0)]
+    pub ceiling_memory_bytes: u64,
+    #[arg(long, default_value_t = 0)]
+    pub default_cpu_millis: u32,
+    #[arg(long, default_value_t = 0)]
+    pub ceiling_cpu_millis: u32,
+    #[arg(long, default_value_t = 0)]
+    pub default_pids: u32,
+    #[arg(long, default_value_t = 0)]
+    pub ceiling_pids: u32,
+    /// Largest file a workspace process may write (the spec's file_size_bytes).
+    #[arg(long, default_value_t = 0)]
+    pub default_file_size_bytes: u64,
+    #[arg(long, default_value_t = 0)]
+    pub ceiling_file_size_bytes: u64,
+    #[arg(long, default_value_t = 0)]
+    pub default_cpu_time_secs: u32,
+    #[arg(long, default_value_t = 0)]
+    pub ceiling_cpu_time_secs: u32,
+    /// Timeout of an exec that names none.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub default_exec_timeout: Duration,
+    /// Longest exec timeout a caller may ask for (at most 24h).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub ceiling_exec_timeout: Duration,
+    /// Output cap per stream of an exec that names none, in bytes.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    pub default_output_bytes: u64,
+    /// Largest output cap per stream a caller may ask for, in bytes (at most 64 MiB).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub ceiling_output_bytes: u64,
+    /// Bytes of exec output all unary execs on this node may buffer at once (each reserves
+    /// 2 × its output cap; one that cannot is refused with RESOURCE_EXHAUSTED).
+    #[arg(long, default_value_t = berth_node_agent::config::DEFAULT_EXEC_OUTPUT_BUDGET_BYTES)]
+    pub exec_output_budget_bytes: u64,
+}
+
+impl LimitFlags {
+    fn limits(&self) -> NodeLimits {
+        NodeLimits {
+            memory_bytes: Bound::new(self.default_memory_bytes, self.ceiling_memory_bytes),
+            cpu_millis: Bound::new(self.default_cpu_millis.into(), self.ceiling_cpu_millis.into()),
+            pids: Bound::new(self.default_pids.into(), self.ceiling_pids.into()),
+            file_size_bytes: Bound::new(self.default_file_size_bytes, self.ceiling_file_size_bytes),
+            cpu_time_secs: Bound::new(self.default_cpu_time_secs.into(), self.ceiling_cpu_time_secs.into()),
+            exec_timeout_ms: Bound::new(
+                self.default_exec_timeout.as_millis() as u64,
+                self.ceiling_exec_timeout.as_millis() as u64,
+            ),
+            exec_output_bytes: Bound::new(self.default_output_bytes, self.ceiling_output_bytes),
+        }
+    }
+}
+
 impl NodeFlags {
     pub fn apply(&self, config: &mut NodeAgentConfig) -> anyhow::Result<()> {
         config.backends = split_list(&self.backends);
         config.allow_unsandboxed = self.allow_unsandboxed;
+        config.limits = self.limits.limits();
+        config.exec_output_budget_bytes = self.limits.exec_output_budget_bytes;
         config.labels = self.labels.iter().cloned().collect();
         config.capacity_workspaces = self.capacity;
         config.max_file_bytes = self.max_file_bytes;
