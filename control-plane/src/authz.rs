@@ -26,6 +26,7 @@ use tonic::Status;
 pub use crate::auth::Caller;
 use crate::auth::Principal;
 use crate::error::ControlPlaneError;
+use crate::quota::{Slot, UserQuotas};
 use crate::records::{SessionRecord, WorkspaceRecord};
 use crate::store::WorkspaceStoreRef;
 
@@ -150,15 +151,29 @@ pub fn user_for(principal: &Principal, requested: &str) -> Result<String, Contro
     Ok(user)
 }
 
-/// Record lookup + [`authorize`] for handlers.
+/// Record lookup + [`authorize`] for handlers, and the per-user quotas they admit work
+/// under.
 #[derive(Clone)]
 pub struct Access {
     store: WorkspaceStoreRef,
+    quotas: Arc<UserQuotas>,
 }
 
 impl Access {
-    pub fn new(store: WorkspaceStoreRef) -> Self {
-        Self { store }
+    pub fn new(store: WorkspaceStoreRef, quotas: Arc<UserQuotas>) -> Self {
+        Self { store, quotas }
+    }
+
+    /// Admits one exec of the caller's user (`--max-execs-per-user`); hold the slot for the
+    /// exec's life.
+    pub fn exec_slot(&self, caller: &Caller) -> Result<Option<Slot>, ControlPlaneError> {
+        self.quotas.exec(caller.principal().user())
+    }
+
+    /// Admits a new workspace owned by `owner` (`--max-workspaces-per-user`); hold the slot
+    /// until the bind has written the record.
+    pub fn create_slot(&self, owner: &str) -> Result<Option<Slot>, ControlPlaneError> {
+        self.quotas.create_workspace(&self.store, owner)
     }
 
     /// Validates the id, loads the record and checks `action`. A missing workspace and an

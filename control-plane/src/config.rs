@@ -44,6 +44,11 @@ pub struct ControlPlaneConfig {
     pub tls: Option<TlsFiles>,
     /// Largest gRPC message accepted on the public API (file data is streamed in chunks).
     pub max_message_bytes: usize,
+    /// Most workspaces one user may own, cluster-wide up to the watch lag (see `quota.rs`);
+    /// 0 = unlimited.
+    pub max_workspaces_per_user: u32,
+    /// Most execs one user may run at once through this replica; 0 = unlimited.
+    pub max_execs_per_user: u32,
 }
 
 impl ControlPlaneConfig {
@@ -92,6 +97,8 @@ impl ControlPlaneConfig {
             node_tls: None,
             tls: None,
             max_message_bytes: 32 * 1024 * 1024,
+            max_workspaces_per_user: 0,
+            max_execs_per_user: 0,
         }
     }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use berth_proto::convert::status_from_workspace_error;
-use berth_proto::meta::mark_retryable;
+use berth_proto::meta::{ErrorKind, mark_retryable};
 use berth_workspace::WorkspaceError;
 use tonic::Status;
 
@@ -76,6 +76,10 @@ pub enum ControlPlaneError {
 
     #[error("node {address} serves TLS but this replica has no node TLS configured (--node-ca-cert)")]
     NodeTlsMissing { address: String },
+
+    /// A per-user quota of this replica is used up (see `quota.rs`).
+    #[error("user {user} is at the quota of {max} {quota} (replica {flag}); finish or close some first")]
+    QuotaExceeded { user: String, quota: &'static str, max: u32, flag: &'static str },
 
     #[error("no live node offers backend {backend:?}{selector}")]
     NoLiveNode { backend: String, selector: String },
@@ -159,6 +163,7 @@ impl From<ControlPlaneError> for Status {
             E::DrainLosesData { .. } | E::NodeTlsMissing { .. } => Status::failed_precondition(message),
             E::BadNodeAddress { .. } => Status::internal(message),
             E::NoLiveNode { .. } => mark_retryable(Status::unavailable(message)),
+            E::QuotaExceeded { .. } => ErrorKind::LimitExceeded.attach(Status::resource_exhausted(message)),
             E::ProvisionFailed { code, .. } => match code {
                 // A spec over a node's ceiling is the node's INVALID_ARGUMENT; its message names
                 // the limit, the value and the ceiling.

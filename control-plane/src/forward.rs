@@ -24,13 +24,14 @@ use berth_proto::v1;
 use berth_workspace::backend::MAX_EXEC_TIMEOUT;
 use berth_workspace::offload::{MAX_TOOL_RESULT_BYTES, validate_session_id};
 use berth_workspace::{RelPath, WorkspaceError, WorkspaceId};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::{Access, Action, Caller};
 use crate::error::ControlPlaneError;
 use crate::node_client::DataPlaneClient;
+use crate::quota::Slot;
 use crate::router::{Router, pipe};
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -55,6 +56,9 @@ pub trait Forward: Routed + Clone + Send + Sync + 'static {
     /// malformed request costs no node round trip. Errors: INVALID_ARGUMENT (or a typed
     /// limit) naming the field.
     fn validate(&self) -> Result<(), Status>;
+
+    /// Counts against the caller's concurrent execs (`--max-execs-per-user`).
+    const USER_EXEC: bool = false;
 
     /// The node call's deadline; `None` for long streams (the transport's keep-alive
     /// notices a dead node).
@@ -97,10 +101,12 @@ fn tool_result_size(content: &[u8]) -> Result<(), WorkspaceError> {
 
 /// One line per forwarded message: `Message => |message| validation` (a
 /// `Result<(), WorkspaceError>`), then optionally `, deadline: |message| expression` (an
-/// `Option<Duration>`; the default is the node call timeout).
+/// `Option<Duration>`; the default is the node call timeout). `Message [CONST]` sets a
+/// `bool` const of [`Forward`] (e.g. `USER_EXEC`) to true.
 macro_rules! forward {
-    ($($message:ident => |$m:ident| $check:expr $(, deadline: |$d:ident| $deadline:expr)?;)*) => {$(
+    ($($message:ident $([$flag:ident])? => |$m:ident| $check:expr $(, deadline: |$d:ident| $deadline:expr)?;)*) => {$(
         impl Forward for v1::$message {
+            $(const $flag: bool = true;)?
             fn validate(&self) -> Result<(), Status> {
                 let $m = self;
                 $check.map_err(invalid)
@@ -114,7 +120,7 @@ macro_rules! forward {
 }
 
 forward! {
-    ExecRequest => |m| exec_spec_from_proto(m).map(drop),
+    ExecRequest [USER_EXEC] => |m| exec_spec_from_proto(m).map(drop),
         deadline: |m| exec_deadline(m.timeout_ms);
     ReadFileRequest => |m| relative(&m.path), deadline: |_m| None;
     WriteFileHeader => |m| relative(&m.path);
@@ -154,10 +160,13 @@ impl Forwarder {
 
     /// Authorizes, then validates: a workspace the caller may not see is NOT_FOUND whatever
     /// the rest of the request says (see `authz.rs`).
-    async fn admit<M: Forward>(&self, caller: &Caller, message: &M) -> Result<WorkspaceId, Status> {
+    /// Then a `USER_EXEC` call takes one of the user's exec slots, held as long as the
+    /// returned guard.
+    async fn admit<M: Forward>(&self, caller: &Caller, message: &M) -> Result<(WorkspaceId, Option<Slot>), Status> {
         let (id, _) = self.access.workspace(caller, message.workspace_id(), M::ACTION).await?;
         message.validate()?;
-        Ok(id)
+        let slot = if M::USER_EXEC { self.access.exec_slot(caller)? } else { None };
+        Ok((id, slot))
     }
 
     /// A unary call: `call` runs against the node's data plane, with one retry on a stale
@@ -168,11 +177,27 @@ impl Forwarder {
         F: Fn(DataPlaneClient, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
+        let (response, _slot) = self.unary_holding(request, call).await?;
+        Ok(response)
+    }
+
+    /// [`Self::unary`], also returning the exec slot the call took, for a stream to hold.
+    async fn unary_holding<M, R, F, Fut>(
+        &self,
+        request: Request<M>,
+        call: F,
+    ) -> Result<(Response<R>, Option<Slot>), Status>
+    where
+        M: Forward,
+        F: Fn(DataPlaneClient, Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
         let caller = Caller::of(&request)?;
         let message = request.into_inner();
-        let id = self.admit(&caller, &message).await?;
+        let (id, slot) = self.admit(&caller, &message).await?;
         let deadline = message.deadline(self.node_call_timeout);
-        self.router.forward(&id, message, deadline, call).await
+        let response = self.router.forward(&id, message, deadline, call).await?;
+        Ok((response, slot))
     }
 
     /// A server-streaming call: like [`Self::unary`]; the retry covers opening the stream.
@@ -187,8 +212,13 @@ impl Forwarder {
         F: Fn(DataPlaneClient, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<Streaming<R>>, Status>>,
     {
-        let response = self.unary(request, call).await?;
-        Ok(Response::new(Box::pin(response.into_inner())))
+        let (response, slot) = self.unary_holding(request, call).await?;
+        // A streamed exec holds its user's slot until the stream is dropped.
+        let stream = response.into_inner().map(move |item| {
+            let _held = &slot;
+            item
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     /// A client-streaming call: the header is authorized and validated, the route resolved
@@ -208,7 +238,7 @@ impl Forwarder {
         let caller = Caller::of(&request)?;
         let mut inbound = request.into_inner();
         let (header, first) = routed::open(&mut inbound).await?;
-        let id = self.admit(&caller, &header).await?;
+        let (id, _slot) = self.admit(&caller, &header).await?;
         let target = self.router.target(&id).await?;
         pipe(target, first, inbound, call).await
     }

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod node_client;
 pub mod placement;
 pub mod policy;
+pub mod quota;
 pub mod records;
 pub mod registry;
 pub mod registry_metrics;

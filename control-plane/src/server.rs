@@ -19,6 +19,7 @@ use crate::heartbeat::HeartbeatService;
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
 use crate::node_client::NodeClients;
+use crate::quota::UserQuotas;
 use crate::records::{self, RECORD_VERSION, ReplicaRecord, now_ms};
 use crate::registry::RegistryRef;
 use crate::router::Router;
@@ -85,7 +86,8 @@ pub async fn serve(
     ));
     let binder = Arc::new(Binder::new(Arc::clone(&store), Arc::clone(&view), Arc::clone(&nodes), config.clone()));
     let router = Arc::new(Router::new(Arc::clone(&binder), Arc::clone(&store), Arc::clone(&nodes)));
-    let access = Access::new(Arc::clone(&store));
+    let quotas = Arc::new(UserQuotas::new(config.max_workspaces_per_user, config.max_execs_per_user));
+    let access = Access::new(Arc::clone(&store), quotas);
     let sessions = Sessions::new(binder, Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config);
     tokio::spawn(Sweeper::new(Arc::clone(&store), nodes, &config).run(tasks.clone()));
 

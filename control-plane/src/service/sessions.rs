@@ -88,6 +88,12 @@ impl Sessions {
             }
         }
         let owner = if policy == IsolationPolicy::Global && !explicit { String::new() } else { user.clone() };
+        // A workspace that does not exist yet counts against its owner's quota; the slot is
+        // held until the bind has written the record (see `quota.rs` for the window).
+        let _create_slot = match self.access.record(&workspace_id).await? {
+            None => self.access.create_slot(&owner)?,
+            Some(_) => None,
+        };
         let any_backend = caller.principal().may_use_any_backend();
         let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec, any_backend };
         let record = self

@@ -11,6 +11,8 @@
 //!   output cap; the node reserves 2 × cap per exec from `--exec-output-budget-bytes` and
 //!   refuses the rest at once with RESOURCE_EXHAUSTED; the node agent's peak memory stays
 //!   within the budget's reach. An output cap above the ceiling is INVALID_ARGUMENT.
+//! - **Quotas**: workspaces per user and concurrent execs per user are RESOURCE_EXHAUSTED
+//!   at once, never a wait.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -267,4 +269,57 @@ async fn an_output_bomb_is_capped_and_the_overflow_refused_at_once() {
     // Every admitted exec buffers at most 2 × CAP; with copies for the answer a few times
     // the budget, never BOMBS × 2 × CAP (192 MiB) on top of the baseline.
     assert!(peak < baseline + 3 * BUDGET, "node agent peak RSS {peak} over baseline {baseline}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_refuse_at_once() {
+    let stack = Stack::start(
+        &["--max-workspaces-per-user", "2", "--max-execs-per-user", "2"],
+        &["--backend", "local", "--allow-unsandboxed"],
+    )
+    .await;
+    let first = stack.session(TRUSTED, "one", "").await.unwrap();
+    stack.session(TRUSTED, "two", "").await.unwrap();
+    // A new session on an existing workspace costs nothing.
+    stack.session(TRUSTED, "one", "").await.unwrap();
+    let started = Instant::now();
+    let third = stack.session(TRUSTED, "three", "").await.expect_err("a third workspace was created");
+    assert_eq!(third.code(), Code::ResourceExhausted, "{third:?}");
+    assert!(third.message().contains("--max-workspaces-per-user"), "{}", third.message());
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // Two execs hold the user's slots (each marks on the host that it runs, then waits for
+    // `hold`); a third is refused while they run, at once, and admitted after.
+    let hold = marker();
+    let started: Vec<PathBuf> = (0..2).map(|_| marker()).collect();
+    let running = started
+        .iter()
+        .map(|started| {
+            let mut client = stack.client(TRUSTED);
+            let script = format!("touch {}; while [ ! -e {} ]; do sleep 0.05; done", started.display(), hold.display());
+            let request = exec_request(&first.workspace_id, &script);
+            tokio::spawn(async move { client.exec(request).await })
+        })
+        .collect::<Vec<_>>();
+    let both_run = wait_until(Duration::from_secs(20), || async { started.iter().all(|path| path.exists()) }).await;
+    assert!(both_run, "the two holding execs never ran; replica log:\n{}", stack.replica.log());
+    let probe = Instant::now();
+    let refused = stack
+        .client(TRUSTED)
+        .exec(exec_request(&first.workspace_id, "true"))
+        .await
+        .expect_err("a third concurrent exec ran");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(probe.elapsed() < Duration::from_secs(5), "the refusal waited {:?}", probe.elapsed());
+    assert!(refused.message().contains("--max-execs-per-user"), "{}", refused.message());
+    std::fs::write(&hold, b"").unwrap();
+    for exec in running {
+        assert_eq!(exec.await.unwrap().unwrap().into_inner().exit_code, 0);
+    }
+    std::fs::remove_file(&hold).ok();
+    for path in &started {
+        std::fs::remove_file(path).ok();
+    }
+    let admitted = stack.client(TRUSTED).exec(exec_request(&first.workspace_id, "true")).await.unwrap();
+    assert_eq!(admitted.into_inner().exit_code, 0);
 }

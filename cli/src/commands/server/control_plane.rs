@@ -114,6 +114,14 @@ pub struct ReplicaFlags {
     /// Largest gRPC message accepted on the public API, in bytes.
     #[arg(long, default_value_t = 32 * 1024 * 1024)]
     pub max_message_bytes: usize,
+    /// Most workspaces one user may own (cluster-wide, from the registry's records; 0 =
+    /// unlimited). More are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 0)]
+    pub max_workspaces_per_user: u32,
+    /// Most execs one user may run at once through this replica (0 = unlimited). More are
+    /// refused with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 0)]
+    pub max_execs_per_user: u32,
 }
 
 impl ReplicaFlags {
@@ -154,6 +162,8 @@ impl ReplicaFlags {
             _ => None,
         };
         config.max_message_bytes = self.max_message_bytes;
+        config.max_workspaces_per_user = self.max_workspaces_per_user;
+        config.max_execs_per_user = self.max_execs_per_user;
         config.isolation = self.isolation;
         config.idle_ttl = self.idle_ttl;
         config.key_prefix = self.key_prefix.clone();

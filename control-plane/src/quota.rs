@@ -1,0 +1,143 @@
+//! Per-user quotas of a replica: workspaces per user (`--max-workspaces-per-user`) and
+//! concurrent execs per user (`--max-execs-per-user`). A refusal is RESOURCE_EXHAUSTED at
+//! once (`ControlPlaneError::QuotaExceeded`), never a wait.
+//!
+//! **Execs are counted per replica**, in memory: an exec is a forwarded call that never
+//! touches the registry, and making it write to etcd twice to count cluster-wide would cost
+//! more than the exec. A user spread over R replicas may run up to R × the limit; the node
+//! agent's per-workspace cap (`--max-execs-per-workspace`) and output budget bound what
+//! that can do to one node.
+//!
+//! **Workspaces are counted cluster-wide** from the view (which mirrors every record in
+//! the registry) plus the creates this replica has in flight for the user. The window left
+//! open: two replicas creating a workspace for the same user at the same moment each count
+//! before the other's record reaches their view (the watch lag, milliseconds), so a user
+//! racing creates through several replicas can exceed the limit by at most one per replica
+//! per such window. Closing it would need a per-user counter in the registry, written in
+//! the bind's fenced transaction; the per-replica reservation closes the race within one
+//! replica exactly.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::error::ControlPlaneError;
+use crate::store::WorkspaceStoreRef;
+
+/// A per-user counter of things in flight on this replica.
+#[derive(Default)]
+struct Counter {
+    by_user: Mutex<HashMap<String, u32>>,
+}
+
+impl Counter {
+    /// Adds one for `user` when `admit(current)` says so.
+    fn take(self: &Arc<Self>, user: &str, admit: impl FnOnce(u32) -> bool) -> Option<Slot> {
+        let mut by_user = self.by_user.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = by_user.entry(user.to_owned()).or_insert(0);
+        if !admit(*count) {
+            if *count == 0 {
+                by_user.remove(user);
+            }
+            return None;
+        }
+        *count += 1;
+        Some(Slot { counter: Arc::clone(self), user: user.to_owned() })
+    }
+
+    fn current(&self, user: &str) -> u32 {
+        let by_user = self.by_user.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_user.get(user).copied().unwrap_or(0)
+    }
+}
+
+/// One counted exec or create; released when dropped.
+pub struct Slot {
+    counter: Arc<Counter>,
+    user: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut by_user = self.counter.by_user.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = by_user.get_mut(&self.user) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                by_user.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// The quotas of this replica; `0` = unlimited.
+pub struct UserQuotas {
+    max_workspaces_per_user: u32,
+    max_execs_per_user: u32,
+    execs: Arc<Counter>,
+    creating: Arc<Counter>,
+}
+
+impl UserQuotas {
+    pub fn new(max_workspaces_per_user: u32, max_execs_per_user: u32) -> Self {
+        Self { max_workspaces_per_user, max_execs_per_user, execs: Arc::default(), creating: Arc::default() }
+    }
+
+    /// Admits one exec of `user` (held until the slot drops: the end of a unary exec, the
+    /// drop of a streamed exec's stream).
+    pub fn exec(&self, user: &str) -> Result<Option<Slot>, ControlPlaneError> {
+        let max = self.max_execs_per_user;
+        if max == 0 {
+            return Ok(None);
+        }
+        self.execs.take(user, |running| running < max).map(Some).ok_or_else(|| ControlPlaneError::QuotaExceeded {
+            user: user.to_owned(),
+            quota: "concurrent execs",
+            max,
+            flag: "--max-execs-per-user",
+        })
+    }
+
+    /// Admits the creation of a new workspace owned by `user`: the workspaces the view
+    /// holds for them plus this replica's creates in flight must stay under the limit.
+    /// Hold the slot until the bind has written the record.
+    pub fn create_workspace(&self, store: &WorkspaceStoreRef, user: &str) -> Result<Option<Slot>, ControlPlaneError> {
+        let max = self.max_workspaces_per_user;
+        if max == 0 || user.is_empty() {
+            return Ok(None);
+        }
+        let owned = store.workspaces().iter().filter(|record| record.owner == user).count() as u64;
+        self.creating.take(user, |in_flight| owned + u64::from(in_flight) < u64::from(max)).map(Some).ok_or_else(|| {
+            ControlPlaneError::QuotaExceeded {
+                user: user.to_owned(),
+                quota: "workspaces",
+                max,
+                flag: "--max-workspaces-per-user",
+            }
+        })
+    }
+
+    /// Execs of `user` running through this replica (tests, metrics).
+    pub fn execs_running(&self, user: &str) -> u32 {
+        self.execs.current(user)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_slots_refuse_past_the_limit_and_come_back_on_drop() {
+        let quotas = UserQuotas::new(0, 2);
+        let first = quotas.exec("alice").unwrap();
+        let second = quotas.exec("alice").unwrap();
+        let error = quotas.exec("alice").err().map(|error| error.to_string()).unwrap_or_default();
+        assert!(error.contains("--max-execs-per-user") && error.contains("alice"), "{error}");
+        assert!(quotas.exec("bob").unwrap().is_some(), "quotas are per user");
+        drop(first);
+        assert_eq!(quotas.execs_running("alice"), 1);
+        assert!(quotas.exec("alice").unwrap().is_some());
+        drop(second);
+        assert_eq!(quotas.execs_running("alice"), 0);
+        assert!(UserQuotas::new(0, 0).exec("alice").unwrap().is_none(), "0 is unlimited");
+    }
+}
