@@ -11,6 +11,11 @@
 //!   output cap; the node reserves 2 × cap per exec from `--exec-output-budget-bytes` and
 //!   refuses the rest at once with RESOURCE_EXHAUSTED; the node agent's peak memory stays
 //!   within the budget's reach. An output cap above the ceiling is INVALID_ARGUMENT.
+//! - **Greedy specs and execs**: a spec asking for more memory than the node's ceiling is
+//!   INVALID_ARGUMENT naming the limit, the value and the ceiling, and nothing is created on
+//!   the node's disk; an exec timeout above the ceiling likewise; an exec naming no timeout
+//!   gets the operator's default.
+//! - **`berth up` with real authentication** offers `local` only with the flag.
 //! - **Quotas**: workspaces per user and concurrent execs per user are RESOURCE_EXHAUSTED
 //!   at once, never a wait.
 
@@ -47,7 +52,7 @@ type Client = WorkspaceServiceClient<InterceptedService<Channel, BearerIntercept
 struct Stack {
     replica: BerthProcess,
     node: BerthProcess,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Stack {
@@ -93,7 +98,7 @@ impl Stack {
         args.extend(node_flags.iter().map(|flag| (*flag).to_owned()));
         let node = BerthProcess::start("node-policy", args).await.unwrap();
         // Sessions are retried while the node registers (see `session`).
-        Stack { replica, node, _dir: dir }
+        Stack { replica, node, dir }
     }
 
     fn client(&self, token: &str) -> Client {
@@ -322,4 +327,81 @@ async fn quotas_refuse_at_once() {
     }
     let admitted = stack.client(TRUSTED).exec(exec_request(&first.workspace_id, "true")).await.unwrap();
     assert_eq!(admitted.into_inner().exit_code, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn specs_and_execs_over_a_ceiling_are_refused_and_zero_is_the_default() {
+    let stack = Stack::start(
+        &[],
+        &[
+            "--backend",
+            "local",
+            "--allow-unsandboxed",
+            "--ceiling-memory-bytes",
+            "1073741824",
+            "--ceiling-exec-timeout",
+            "5s",
+            "--default-exec-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    let greedy = v1::CreateSessionRequest {
+        agent_id: "greedy".into(),
+        spec: Some(v1::WorkspaceSpec { memory_bytes: 2 << 30, ..Default::default() }),
+        ..Default::default()
+    };
+    let (refused, _) = retry_transient(Duration::from_secs(20), || {
+        let mut client = stack.client(TRUSTED);
+        let request = greedy.clone();
+        async move { client.create_session(request).await }
+    })
+    .await;
+    let refused = refused.expect_err("a spec over the memory ceiling was provisioned");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    for needle in ["memory bytes", "2147483648", "1073741824", "--ceiling-memory-bytes"] {
+        assert!(refused.message().contains(needle), "{needle:?} missing: {}", refused.message());
+    }
+    let node_data = stack.dir.path().join("node");
+    assert!(
+        berth_tests::cluster::workspace_dirs_in(&node_data).is_empty(),
+        "the refused workspace exists on the node's disk"
+    );
+
+    let session = stack.session(TRUSTED, "modest", "").await.unwrap();
+    let mut long = exec_request(&session.workspace_id, "true");
+    long.timeout_ms = 6_000;
+    let refused = stack.client(TRUSTED).exec(long).await.expect_err("a timeout over the ceiling ran");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("--ceiling-exec-timeout"), "{}", refused.message());
+    // No timeout named: the operator's 1 s default, not the contract's 60 s.
+    let mut unnamed = exec_request(&session.workspace_id, "sleep 30");
+    unnamed.timeout_ms = 0;
+    let started = Instant::now();
+    let ran = stack.client(TRUSTED).exec(unnamed).await.unwrap().into_inner();
+    assert!(ran.timed_out, "{ran:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "the default timeout did not apply: {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn berth_up_with_tokens_offers_local_only_with_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let args: Vec<String> = [
+        "up",
+        "--data-dir",
+        &dir.path().join("data").display().to_string(),
+        "--auth",
+        "token",
+        "--tokens-file",
+        &tokens.display().to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let up = BerthProcess::spawn("up-tokens", args, "info").unwrap();
+    let exited = wait_until(Duration::from_secs(20), || async { !up.is_running() }).await;
+    let log = up.log();
+    assert!(exited, "berth up --auth token offered local without --allow-unsandboxed; log:\n{log}");
+    assert!(log.contains("--allow-unsandboxed"), "the refusal must name the flag; log:\n{log}");
 }

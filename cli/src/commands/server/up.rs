@@ -69,6 +69,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
         // The node heartbeats to our own public listener: trust its certificate.
         node.control_plane_tls = Some(ClientTls { ca: tls.cert.clone(), identity: None, domain: None });
     }
+    // The node agent runs as a task: refuse its configuration here, before anything serves,
+    // or `berth up` would run a control plane with no node (e.g. `local` without
+    // --allow-unsandboxed under --auth token).
+    node.validate().map_err(|error| anyhow::anyhow!("invalid node configuration: {error}"))?;
 
     // Workspace and session records survive a restart; nodes and locks are re-created.
     let registry = EmbeddedRegistry::open(&data_dir.join("registry.journal"), EmbeddedConfig::default())
