@@ -19,7 +19,14 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
     let mut drivers: HashMap<String, BackendDriverRef> = HashMap::new();
     for name in &config.backends {
         let driver: BackendDriverRef = match name.as_str() {
-            "local" => Arc::new(LocalDriver::new()),
+            "local" => {
+                // Only reachable with `allow_unsandboxed` (config.rs): say so once, loudly.
+                tracing::warn!(
+                    "offering the unsandboxed backend local: its commands run as this node agent's user; \
+                     only admins and principals granted it may pick it"
+                );
+                Arc::new(LocalDriver::new())
+            }
             "bubblewrap" => Arc::new(BubblewrapDriver::new(BubblewrapConfig::default()).await?),
             "docker" => {
                 let docker =
