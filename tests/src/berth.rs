@@ -241,5 +241,13 @@ where
 pub async fn start_up(data_dir: &Path, extra: &[&str]) -> anyhow::Result<BerthProcess> {
     let mut args = vec!["up".to_owned(), "--data-dir".to_owned(), data_dir.display().to_string()];
     args.extend(extra.iter().map(|flag| (*flag).to_owned()));
-    BerthProcess::start("up", args).await.context("berth up")
+    let up = BerthProcess::start("up", args).await.context("berth up")?;
+    // The replica serves a moment before its in-process node agent has registered (under
+    // load, long enough for a first CreateSession to find no live node).
+    let registered =
+        wait_until(READY_TIMEOUT, || async { up.list_nodes().await.is_ok_and(|nodes| !nodes.is_empty()) }).await;
+    if !registered {
+        bail!("berth up serves but its node agent never registered; log:\n{}", up.process.log_tail(40));
+    }
+    Ok(up)
 }

@@ -293,17 +293,32 @@ async fn quotas_refuse_at_once() {
     assert!(third.message().contains("--max-workspaces-per-user"), "{}", third.message());
     assert!(started.elapsed() < Duration::from_secs(5));
 
-    // Two execs hold the user's slots (each marks on the host that it runs, then waits for
-    // `hold`); a third is refused while they run, at once, and admitted after.
+    // Two execs, one unary and one streamed, hold the user's slots (each marks on the host
+    // that it runs, then waits for `hold`); a third is refused while they run, at once, and
+    // admitted after.
     let hold = marker();
     let started: Vec<PathBuf> = (0..2).map(|_| marker()).collect();
     let running = started
         .iter()
-        .map(|started| {
+        .enumerate()
+        .map(|(index, started)| {
             let mut client = stack.client(TRUSTED);
             let script = format!("touch {}; while [ ! -e {} ]; do sleep 0.05; done", started.display(), hold.display());
             let request = exec_request(&first.workspace_id, &script);
-            tokio::spawn(async move { client.exec(request).await })
+            tokio::spawn(async move {
+                if index == 0 {
+                    return client.exec(request).await.map(|result| result.into_inner().exit_code);
+                }
+                // The other holder is a streamed exec: its slot is held until the stream ends.
+                let mut stream = client.exec_stream(request).await?.into_inner();
+                let mut exit_code = -1;
+                while let Some(chunk) = stream.message().await? {
+                    if let Some(v1::exec_chunk::Kind::Exit(result)) = chunk.kind {
+                        exit_code = result.exit_code;
+                    }
+                }
+                Ok(exit_code)
+            })
         })
         .collect::<Vec<_>>();
     let both_run = wait_until(Duration::from_secs(20), || async { started.iter().all(|path| path.exists()) }).await;
@@ -319,7 +334,7 @@ async fn quotas_refuse_at_once() {
     assert!(refused.message().contains("--max-execs-per-user"), "{}", refused.message());
     std::fs::write(&hold, b"").unwrap();
     for exec in running {
-        assert_eq!(exec.await.unwrap().unwrap().into_inner().exit_code, 0);
+        assert_eq!(exec.await.unwrap().unwrap(), 0);
     }
     std::fs::remove_file(&hold).ok();
     for path in &started {
