@@ -283,3 +283,39 @@ fn the_systemd_units_read_the_example_configs() {
         assert!(dir.join(format!("{command}.toml")).is_file(), "deploy/systemd/{command}.toml");
     }
 }
+
+/// The node agent's own start-up checks (`NodeAgentConfig::validate`) on a node-agent
+/// config file: what `berth node-agent --config <file>` would refuse before serving.
+fn node_agent_config_check(path: &Path) -> Result<(), String> {
+    let cli = parse_from::<berth::Cli>(["berth", "node-agent", "--config", path.to_str().expect("utf-8")])
+        .map_err(|error| error.to_string())?;
+    let berth::Command::NodeAgent(args) = cli.command else { panic!("not node-agent: {:?}", cli.command) };
+    let mut config = berth_node_agent::NodeAgentConfig::new("node-check", &args.data_dir);
+    args.common.apply(&mut config).map_err(|error| error.to_string())?;
+    config.control_planes = args.control_planes.clone();
+    config.validate()
+}
+
+/// The shipped node-agent configs start: none offers `local` without allow-unsandboxed,
+/// none makes it the default next to a sandbox. Taking the switch out of one that offers
+/// `local` makes it refuse, naming the flag.
+#[test]
+fn every_example_node_agent_config_passes_the_node_agents_checks() {
+    let mut configs = Vec::new();
+    example_configs(&repo_root().join("deploy"), &mut configs);
+    let node_configs: Vec<PathBuf> =
+        configs.into_iter().filter(|path| path.file_stem().is_some_and(|stem| stem == "node-agent")).collect();
+    assert!(node_configs.len() >= 3, "{node_configs:?}");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    for path in node_configs {
+        node_agent_config_check(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+        let text = std::fs::read_to_string(&path).expect("config text");
+        if text.lines().any(|line| line == "allow-unsandboxed = true") {
+            let stripped = scratch.path().join("node-agent.toml");
+            let without: Vec<&str> = text.lines().filter(|line| *line != "allow-unsandboxed = true").collect();
+            std::fs::write(&stripped, without.join("\n")).expect("write");
+            let error = node_agent_config_check(&stripped).expect_err("local without the switch passed");
+            assert!(error.contains("--allow-unsandboxed"), "{}: {error}", path.display());
+        }
+    }
+}
