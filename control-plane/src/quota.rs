@@ -13,9 +13,10 @@
 //! open: two replicas creating a workspace for the same user at the same moment each count
 //! before the other's record reaches their view (the watch lag, milliseconds), so a user
 //! racing creates through several replicas can exceed the limit by at most one per replica
-//! per such window. Closing it would need a per-user counter in the registry, written in
-//! the bind's fenced transaction; the per-replica reservation closes the race within one
-//! replica exactly.
+//! per such window. The per-replica reservation closes the race within one replica
+//! exactly; closing it cluster-wide would take a per-user create lock in the registry held
+//! for the bind, with the count taken once the view has caught up to the lock's revision
+//! (serializing one user's creates cluster-wide; docs/isolation-policy.md).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
