@@ -11,6 +11,7 @@ use bytes::Bytes;
 use nix::unistd::Pid;
 use tokio::process::Command;
 
+use super::network::{SETPRIV_PATH, SandboxNetns};
 use super::process::{LiveProcesses, SandboxProcess};
 use super::program::{self, SandboxView};
 use super::sandbox::MountTable;
@@ -52,6 +53,8 @@ pub struct BubblewrapBackend {
     /// The workspace spec's env: between the defaults and an exec's own env.
     base_env: BTreeMap<String, String>,
     live: Arc<LiveProcesses>,
+    /// The workspace's own network namespace (`spec.network`); `None`: no network at all.
+    network: Option<SandboxNetns>,
 }
 
 impl BubblewrapBackend {
@@ -62,7 +65,27 @@ impl BubblewrapBackend {
         limit_args: Vec<String>,
         base_env: BTreeMap<String, String>,
     ) -> Self {
-        Self { files, launcher, sandbox_args, limit_args, base_env, live: Arc::new(LiveProcesses::default()) }
+        Self {
+            files,
+            launcher,
+            sandbox_args,
+            limit_args,
+            base_env,
+            live: Arc::new(LiveProcesses::default()),
+            network: None,
+        }
+    }
+
+    /// Runs every sandbox of this workspace in `network` (see [`super::network`]).
+    pub(super) fn with_network(mut self, network: Option<SandboxNetns>) -> Self {
+        self.network = network;
+        self
+    }
+
+    /// Host programs that go first in the launch chain, before any switch of user: joining
+    /// the workspace's network namespace needs root. Empty without network.
+    fn host_prefix(&self) -> Vec<OsString> {
+        self.network.as_ref().map(SandboxNetns::host_prefix).unwrap_or_default()
     }
 
     pub fn host_fs(&self) -> &HostFs {
@@ -142,9 +165,22 @@ impl Backend for BubblewrapBackend {
         let search_path = env.get("PATH").map(String::as_str).unwrap_or_default();
         program::ensure_exists(&view, program, search_path, &spec.cwd).await?;
 
-        let mut command = Command::new(&self.launcher.setsid_path);
+        let mut chain = self.host_prefix();
+        let joins_netns = !chain.is_empty();
+        if let (true, Some((uid, gid))) = (joins_netns, self.launcher.run_as) {
+            // nsenter ran as root; drop to the sandbox user (and no supplementary groups)
+            // right after it, before setsid and bwrap.
+            chain.extend(
+                [SETPRIV_PATH.to_owned(), format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into()]
+                    .map(OsString::from),
+            );
+            chain.push("--".into());
+        }
+        chain.push(self.launcher.setsid_path.clone().into_os_string());
+        chain.extend(self.command_line(spec));
+        let mut command = Command::new(&chain[0]);
         command
-            .args(self.command_line(spec))
+            .args(&chain[1..])
             // The env goes to bwrap, which passes it on: not `--setenv`, so values stay out
             // of the command line that every host user can read in /proc.
             .env_clear()
@@ -154,13 +190,13 @@ impl Backend for BubblewrapBackend {
             .stderr(Stdio::piped())
             // SandboxProcess kills the whole group itself; tokio would only reach bwrap.
             .kill_on_drop(false);
-        if let Some((uid, gid)) = self.launcher.run_as {
+        if let (false, Some((uid, gid))) = (joins_netns, self.launcher.run_as) {
             // std drops supplementary groups too when root switches uid.
             command.uid(uid).gid(gid);
         }
         let mut child = command.spawn().map_err(|error| WorkspaceError::BackendUnavailable {
             backend: "bubblewrap",
-            reason: format!("cannot start {}: {error}", self.launcher.setsid_path.display()),
+            reason: format!("cannot start {}: {error}", chain[0].to_string_lossy()),
         })?;
         let missing_pipe =
             || WorkspaceError::Backend { backend: "bubblewrap", message: "spawned sandbox has no piped stdio".into() };

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use berth_backend_host::netns::SandboxNetConfig;
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::spec::WorkspaceSpec;
 
@@ -89,6 +90,8 @@ pub struct BubblewrapConfig {
     pub hostname: String,
     /// Limits used where a workspace spec says 0.
     pub default_limits: ResourceLimits,
+    /// Tools and address policy of networked workspaces (see [`super::network`]).
+    pub network: SandboxNetConfig,
 }
 
 impl Default for BubblewrapConfig {
@@ -106,6 +109,7 @@ impl Default for BubblewrapConfig {
             tmp_size_bytes: DEFAULT_TMP_SIZE_BYTES,
             hostname: "workspace".to_owned(),
             default_limits: ResourceLimits::default(),
+            network: SandboxNetConfig::default(),
         }
     }
 }

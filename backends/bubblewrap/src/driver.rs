@@ -11,9 +11,11 @@ use tokio::process::Command;
 
 use super::backend::{BubblewrapBackend, Launcher};
 use super::config::{BubblewrapConfig, SANDBOX_INNER_ID};
+use super::network::{self, SandboxNetns};
 use super::ownership;
 use super::sandbox::{self, MountTable, WorkspaceMounts};
 use berth_backend_host::hostfs::HostFs;
+use berth_backend_host::netns::{Attach, SandboxNetworks};
 use berth_workspace::backend::BackendRef;
 use berth_workspace::driver::{BackendDriver, ProvisionContext};
 use berth_workspace::error::{Result, WorkspaceError};
@@ -33,6 +35,8 @@ pub struct BubblewrapDriver {
     config: BubblewrapConfig,
     launcher: Arc<Launcher>,
     backends: Mutex<HashMap<WorkspaceId, (PathBuf, Arc<BubblewrapBackend>)>>,
+    /// Network namespaces of networked workspaces (see [`network`]).
+    networks: SandboxNetworks,
 }
 
 impl BubblewrapDriver {
@@ -73,7 +77,8 @@ impl BubblewrapDriver {
             table: Arc::new(table),
             workspace_dir: config.workspace_dir.clone(),
         });
-        let driver = Self { config, launcher, backends: Mutex::new(HashMap::new()) };
+        let networks = SandboxNetworks::new(config.network.clone(), "bubblewrap");
+        let driver = Self { config, launcher, backends: Mutex::new(HashMap::new()), networks };
         driver.probe().await?;
         Ok(driver)
     }
@@ -146,7 +151,9 @@ impl BubblewrapDriver {
         self.backends.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn forget_and_kill(&self, workspace_id: &WorkspaceId) {
+    /// Forgets the handle, kills what runs and removes the workspace's network namespace
+    /// (found by its owner record, so this works after an agent restart too).
+    async fn forget_and_kill(&self, workspace_id: &WorkspaceId) -> Result<()> {
         let removed = self.lock().remove(workspace_id);
         if let Some((_, backend)) = removed {
             let killed = backend.kill_all();
@@ -154,6 +161,23 @@ impl BubblewrapDriver {
                 tracing::info!(ws_id = %workspace_id, killed, "killed running sandboxes");
             }
         }
+        self.networks.remove_owned(workspace_id.as_str()).await
+    }
+
+    /// The network namespace sandboxes of this workspace run in (`None`: no network).
+    async fn network_for(&self, context: &ProvisionContext<'_>) -> Result<Option<SandboxNetns>> {
+        if !context.spec.network {
+            return Ok(None);
+        }
+        let name = network::netns_name(context.root);
+        let path = self.networks.ensure(&name, context.workspace_id.as_str(), Attach::Fresh).await?;
+        tracing::debug!(ws_id = %context.workspace_id, netns = %path.display(), "sandbox network ready");
+        Ok(Some(SandboxNetns { nsenter_path: self.config.network.nsenter_path.clone(), path }))
+    }
+
+    /// The driver's namespaces (tests look at pasta and the rules through it).
+    pub fn networks(&self) -> &SandboxNetworks {
+        &self.networks
     }
 }
 
@@ -178,13 +202,11 @@ impl BackendDriver for BubblewrapDriver {
     }
 
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
+        self.forget_and_kill(workspace_id).await
     }
 
     async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
+        self.forget_and_kill(workspace_id).await
     }
 }
 
@@ -230,13 +252,17 @@ impl BubblewrapDriver {
             &WorkspaceMounts { root: Some(files.host_root()), network: context.spec.network },
         );
         let limits = self.config.default_limits.for_spec(context.spec);
-        let backend = Arc::new(BubblewrapBackend::new(
-            files,
-            self.launcher.clone(),
-            sandbox_args,
-            limits.prlimit_args(),
-            context.spec.env.clone(),
-        ));
+        let netns = self.network_for(&context).await?;
+        let backend = Arc::new(
+            BubblewrapBackend::new(
+                files,
+                self.launcher.clone(),
+                sandbox_args,
+                limits.prlimit_args(),
+                context.spec.env.clone(),
+            )
+            .with_network(netns),
+        );
         // Two racing provisions both prepare the root; the later insert wins and both
         // handles serve the same directory, which keeps provision idempotent.
         self.lock().insert(context.workspace_id.clone(), (root, backend.clone()));

@@ -67,6 +67,7 @@
 pub mod backend;
 pub mod config;
 pub mod driver;
+pub mod network;
 pub mod ownership;
 pub mod process;
 pub mod program;
