@@ -257,6 +257,25 @@ impl Drop for NamespaceGuard {
     }
 }
 
+/// Removes every sandbox namespace recorded in a node's state dir (`<node data dir>/netns`)
+/// when a test that ran a real node agent ends, however it ends: the agent's `destroy`
+/// would, but a killed agent never gets to it.
+pub struct NamespaceSweep {
+    pub state_dir: std::path::PathBuf,
+}
+
+impl Drop for NamespaceSweep {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(&self.state_dir) else { return };
+        for entry in entries.flatten() {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(name) = file_name.strip_suffix(".pid") {
+                drop(NamespaceGuard { name: name.to_owned(), state_dir: self.state_dir.clone() });
+            }
+        }
+    }
+}
+
 /// A listener on every address of namespace `netns`: bound from a thread that joined it
 /// (the socket stays in that namespace; the test's own threads never move).
 fn bind_in(netns: &str) -> TcpListener {

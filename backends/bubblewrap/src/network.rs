@@ -12,19 +12,15 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use berth_backend_host::netns::SandboxNetworks;
+
 /// `setpriv`, which drops to the sandbox user after `nsenter` (util-linux).
 pub const SETPRIV_PATH: &str = "/usr/bin/setpriv";
 
 /// Name of a workspace's namespace: derived from its root, which is unique per node and
 /// workspace and stable across agent restarts (two agents on one host never share it).
 pub fn netns_name(root: &Path) -> String {
-    // FNV-1a, 64 bits: stable across builds (std's hasher is not promised to be).
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in root.as_os_str().as_encoded_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("berth-bw-{hash:016x}")
+    SandboxNetworks::name_for("bw", root.as_os_str().as_encoded_bytes())
 }
 
 /// The namespace a workspace's sandboxes run in.

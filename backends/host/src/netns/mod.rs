@@ -95,6 +95,18 @@ impl SandboxNetworks {
         &self.config
     }
 
+    /// A valid namespace name for `key` (a workspace root, a container name): `berth-<kind>-`
+    /// and 16 hex digits of a hash that is stable across builds and restarts (FNV-1a; std's
+    /// hasher is not promised to be), so a restarted agent finds the namespace again.
+    pub fn name_for(kind: &str, key: &[u8]) -> String {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in key {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("berth-{kind}-{hash:016x}")
+    }
+
     /// Path of the named namespace (what `nsenter --net=` and pasta take).
     pub fn path(name: &str) -> PathBuf {
         Path::new(NETNS_DIR).join(name)
