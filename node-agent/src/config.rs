@@ -40,6 +40,9 @@ pub struct NodeAgentConfig {
     pub control_plane_tls: Option<ClientTls>,
     /// Most execs running at once in one workspace; more get RESOURCE_EXHAUSTED.
     pub max_execs_per_workspace: u32,
+    /// Ranges networked sandboxes (bubblewrap, Docker) may reach although the default
+    /// policy blocks them (`--sandbox-allow-cidr`; see `berth_backend_host::netns`).
+    pub sandbox_allow_cidrs: Vec<berth_backend_host::netns::Cidr>,
 }
 
 impl NodeAgentConfig {
@@ -61,6 +64,7 @@ impl NodeAgentConfig {
             client_ca: None,
             control_plane_tls: None,
             max_execs_per_workspace: 32,
+            sandbox_allow_cidrs: Vec::new(),
         }
     }
 
@@ -103,6 +107,16 @@ impl NodeAgentConfig {
             "node agent on {address} without credentials: anyone who reaches it could run commands in \
              every workspace; use --node-secret-file and/or --tls-cert/--tls-key/--client-ca-cert"
         ))
+    }
+
+    /// Network policy of this node's sandboxes; namespace state lives under the data dir
+    /// (unique per node, so two agents on one host never touch each other's).
+    pub fn sandbox_network(&self) -> berth_backend_host::netns::SandboxNetConfig {
+        berth_backend_host::netns::SandboxNetConfig {
+            allow: self.sandbox_allow_cidrs.clone(),
+            state_dir: self.data_dir.join("netns"),
+            ..Default::default()
+        }
     }
 
     pub fn default_backend(&self) -> &str {

@@ -77,6 +77,11 @@ pub struct NodeFlags {
     /// Most execs running at once in one workspace (more get RESOURCE_EXHAUSTED).
     #[arg(long, default_value_t = 32)]
     pub max_execs_per_workspace: u32,
+    /// Address range (CIDR or single address) networked sandboxes may reach although the
+    /// default policy blocks it: private, loopback, link-local, CGNAT ranges and the
+    /// host's own addresses (repeatable or comma-separated).
+    #[arg(long = "sandbox-allow-cidr", env = "BERTH_SANDBOX_ALLOW_CIDRS", value_delimiter = ',')]
+    pub sandbox_allow_cidrs: Vec<String>,
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
@@ -109,6 +114,10 @@ impl NodeFlags {
         config.debug_provision_delay = self.debug_provision_delay;
         config.docker_image = self.docker_image.clone();
         config.max_execs_per_workspace = self.max_execs_per_workspace;
+        config.sandbox_allow_cidrs = split_list(&self.sandbox_allow_cidrs)
+            .iter()
+            .map(|cidr| cidr.parse().with_context(|| format!("--sandbox-allow-cidr {cidr:?}")))
+            .collect::<anyhow::Result<_>>()?;
         let contract = &mut config.contract;
         contract.skills_seed = self.skills_seed.clone();
         contract.mcp.pool.max_live = self.mcp_max_live;
