@@ -8,8 +8,9 @@
 //!
 //! # What a sandboxed process sees
 //!
-//! Its own pid, mount, network, ipc, uts and user namespaces (`--unshare-all`; the host
-//! network only with `spec.network`); `/usr`, `/bin`, `/lib*`, `/sbin` of the host
+//! Its own pid, mount, network, ipc, uts and user namespaces (`--unshare-all`; with
+//! `spec.network` the workspace's own network namespace behind pasta, never the host's:
+//! [`network`]); `/usr`, `/bin`, `/lib*`, `/sbin` of the host
 //! read-only (merged-/usr symlinks recreated as symlinks); an allowlist of `/etc` entries
 //! read-only ([`config::DEFAULT_ETC_ENTRIES`]); a fresh `/proc` of its pid namespace; a
 //! minimal read-only `/dev` with a size-capped `/dev/shm`; a size-capped `/tmp` of its own;
@@ -43,6 +44,7 @@
 //!
 //! # Process tree and kill
 //!
+//! [`nsenter --net=<workspace netns>` → `setpriv` to the sandbox user, networked only] →
 //! `setsid` → `bwrap` (new session and process group, no controlling terminal) → the
 //! sandbox's pid 1 (bwrap's init, same group) → the command. Killing the group on timeout
 //! or drop kills bwrap and the init, and the kernel then kills everything left in the pid
