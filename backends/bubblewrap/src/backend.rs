@@ -11,7 +11,7 @@ use bytes::Bytes;
 use nix::unistd::Pid;
 use tokio::process::Command;
 
-use super::network::{SETPRIV_PATH, SandboxNetns};
+use super::network::{ENV_PATH, SETPRIV_PATH, SandboxNetns};
 use super::process::{LiveProcesses, SandboxProcess};
 use super::program::{self, SandboxView};
 use super::sandbox::MountTable;
@@ -167,24 +167,38 @@ impl Backend for BubblewrapBackend {
 
         let mut chain = self.host_prefix();
         let joins_netns = !chain.is_empty();
-        if let (true, Some((uid, gid))) = (joins_netns, self.launcher.run_as) {
-            // nsenter ran as root; drop to the sandbox user (and no supplementary groups)
-            // right after it, before setsid and bwrap.
-            chain.extend(
-                [SETPRIV_PATH.to_owned(), format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into()]
+        if joins_netns {
+            // nsenter runs as root with a fixed env (the loader of a root process obeys
+            // LD_PRELOAD and friends); setpriv drops to the sandbox user and no
+            // supplementary groups, and only then `env -i` sets the sandbox's env. Its
+            // values are in env's argv for the moment until it execs setsid: a stopgap
+            // until the env travels to bwrap by file descriptor.
+            if let Some((uid, gid)) = self.launcher.run_as {
+                chain.extend(
+                    [
+                        SETPRIV_PATH.to_owned(),
+                        format!("--reuid={uid}"),
+                        format!("--regid={gid}"),
+                        "--clear-groups".into(),
+                    ]
                     .map(OsString::from),
-            );
-            chain.push("--".into());
+                );
+                chain.push("--".into());
+            }
+            chain.extend([OsString::from(ENV_PATH), "-i".into(), "--".into()]);
+            chain.extend(env.iter().map(|(name, value)| OsString::from(format!("{name}={value}"))));
         }
         chain.push(self.launcher.setsid_path.clone().into_os_string());
         chain.extend(self.command_line(spec));
+        let host_env =
+            if joins_netns { BTreeMap::from([("PATH".to_owned(), DEFAULT_PATH.to_owned())]) } else { env.clone() };
         let mut command = Command::new(&chain[0]);
         command
             .args(&chain[1..])
             // The env goes to bwrap, which passes it on: not `--setenv`, so values stay out
             // of the command line that every host user can read in /proc.
             .env_clear()
-            .envs(&env)
+            .envs(&host_env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -147,3 +147,23 @@ fn host_rules(name: &str) -> String {
     let output = Command::new("ip").args(["-n", name, "rule", "show"]).output().expect("ip rule");
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_run_host_programs_never_see_the_exec_env() {
+    // nsenter must run as root to join the namespace. Were the exec's env on it, the
+    // dynamic loader would obey it as root: LD_DEBUG_OUTPUT makes it write files anywhere
+    // (LD_PRELOAD would run code). The marker dir is root's 0700: only root can write there.
+    let sandbox = sandbox(networked()).await;
+    let _guard = guard(&sandbox);
+    let markers = tempfile::tempdir().unwrap();
+    let mut spec = berth_workspace::ExecSpec::new(vec!["sh".into(), "-c".into(), "echo $GREETING".into()]);
+    spec.spawn.env.insert("GREETING".into(), "hello".into());
+    spec.spawn.env.insert("LD_DEBUG".into(), "files".into());
+    spec.spawn.env.insert("LD_DEBUG_OUTPUT".into(), markers.path().join("marker").display().to_string());
+    let output = sandbox.backend.exec(&spec).await.unwrap();
+    let written: Vec<_> = std::fs::read_dir(markers.path()).unwrap().flatten().map(|entry| entry.path()).collect();
+    assert!(written.is_empty(), "a root host program obeyed the exec env: {written:?}");
+    // The sandbox still gets the env (the unprivileged loaders, unable to open the file,
+    // print their debug lines on stdout).
+    assert!(String::from_utf8_lossy(&output.stdout).contains("\nhello\n"), "the env does not reach the sandbox");
+}
