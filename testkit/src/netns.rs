@@ -183,17 +183,36 @@ impl StandIns {
         for address in Self::host_addresses() {
             targets.push(self.target("host-wide listener on a host address", address, Listener::HostAny));
         }
+        // pasta maps the gateway to the host unless told not to (`--no-map-gw`).
+        for gateway in Self::default_gateways() {
+            targets.push(self.target("host-wide listener via the default gateway", gateway, Listener::HostAny));
+            targets.push(self.target(
+                "host loopback listener via the default gateway",
+                gateway,
+                Listener::HostLoopback,
+            ));
+        }
         targets
     }
 
-    /// Connections `target`'s listener accepted on `target`'s address.
+    /// The host's default gateways (`ip route show default`).
+    fn default_gateways() -> Vec<IpAddr> {
+        let output = Command::new("ip").args(["route", "show", "default"]).output().expect("ip route");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.split_whitespace().skip_while(|word| *word != "via").nth(1)?.parse().ok())
+            .collect()
+    }
+
+    /// Connections that reached `target`: for the remote stand-ins, those accepted on its
+    /// address; for the host's listeners, every connection they accepted (whatever address
+    /// it came in on, e.g. a gateway address mapped to host loopback).
     pub fn hits(&self, target: &Target) -> usize {
-        let recorder = match target.listener {
-            Listener::Remote => &self.remote,
-            Listener::HostLoopback => &self.host_loopback,
-            Listener::HostAny => &self.host_any,
-        };
-        recorder.hits(Some(target.address))
+        match target.listener {
+            Listener::Remote => self.remote.hits(Some(target.address)),
+            Listener::HostLoopback => self.host_loopback.hits(None),
+            Listener::HostAny => self.host_any.hits(None),
+        }
     }
 
     /// Panics naming every blocked target that recorded a connection.
