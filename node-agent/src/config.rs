@@ -95,6 +95,11 @@ impl NodeAgentConfig {
         if self.max_execs_per_workspace == 0 {
             return Err("max execs per workspace must be at least 1".into());
         }
+        if let Some(cidr) = self.sandbox_allow_cidrs.iter().find(|cidr| !cidr.is_ipv4()) {
+            return Err(format!(
+                "--sandbox-allow-cidr {cidr}: sandboxes have IPv4 only, an IPv6 range would open nothing"
+            ));
+        }
         Ok(())
     }
 
@@ -121,5 +126,23 @@ impl NodeAgentConfig {
 
     pub fn default_backend(&self) -> &str {
         self.backends.first().map(String::as_str).unwrap_or("local")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_allow_cidrs_reach_both_sandbox_backends_ipv4_only() {
+        let mut config = NodeAgentConfig::new("node-1", "/data/node-1");
+        config.control_planes = vec!["http://127.0.0.1:7070".into()];
+        config.sandbox_allow_cidrs = vec!["10.1.0.0/16".parse().unwrap()];
+        config.validate().unwrap();
+        let network = config.sandbox_network();
+        assert_eq!(network.allow, config.sandbox_allow_cidrs);
+        assert_eq!(network.state_dir, PathBuf::from("/data/node-1/netns"));
+        config.sandbox_allow_cidrs.push("fd00::/8".parse().unwrap());
+        assert!(config.validate().unwrap_err().contains("IPv4 only"));
     }
 }
