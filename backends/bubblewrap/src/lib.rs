@@ -65,6 +65,7 @@
 //! unfolded back into the signal ([`process::unfold_exit`]).
 
 pub mod backend;
+pub mod cgroup;
 pub mod config;
 pub mod driver;
 pub mod ownership;
