@@ -1,16 +1,16 @@
 //! [`BubblewrapDriver`]: checks the host once, then hands out [`BubblewrapBackend`]s.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::process::Command;
 
-use super::backend::{BubblewrapBackend, Launcher};
+use super::backend::{BackendParts, BubblewrapBackend};
 use super::config::{BubblewrapConfig, SANDBOX_INNER_ID};
+use super::identity::{self, UidRange};
+use super::launch::{HostUser, Launcher};
 use super::ownership;
 use super::sandbox::{self, MountTable, WorkspaceMounts};
 use berth_backend_host::hostfs::HostFs;
@@ -30,8 +30,11 @@ const PROBE_STDERR_BYTES: usize = 2000;
 /// still holding one can keep using it).
 #[derive(Debug)]
 pub struct BubblewrapDriver {
-    config: BubblewrapConfig,
+    config: Arc<BubblewrapConfig>,
     launcher: Arc<Launcher>,
+    /// Uids to give workspaces when the node agent is root (`None`: it is not, and every
+    /// sandbox runs as its user).
+    uid_range: Option<UidRange>,
     backends: Mutex<HashMap<WorkspaceId, (PathBuf, Arc<BubblewrapBackend>)>>,
 }
 
@@ -40,8 +43,8 @@ impl BubblewrapDriver {
     /// user, with the real mounts and limits) to prove that bubblewrap works here.
     ///
     /// Errors: `InvalidArgument` for a bad config; `BackendUnavailable` naming what is
-    /// missing — a binary (`bwrap`, `setsid`, `prlimit`), user namespaces, or permission
-    /// to switch to the sandbox user.
+    /// missing — a binary (`bwrap`, `setsid`, `setpriv`, `prlimit`), user namespaces, or
+    /// permission to switch to a sandbox uid.
     pub async fn new(config: BubblewrapConfig) -> Result<Self> {
         config.validate()?;
         let inspected = config.clone();
@@ -49,6 +52,7 @@ impl BubblewrapDriver {
             for (what, path, package) in [
                 ("bwrap", &inspected.bwrap_path, "bubblewrap"),
                 ("setsid", &inspected.setsid_path, "util-linux"),
+                ("setpriv", &inspected.setpriv_path, "util-linux"),
                 ("prlimit", &inspected.prlimit_path, "util-linux"),
             ] {
                 if !is_executable(path) {
@@ -62,18 +66,18 @@ impl BubblewrapDriver {
         })
         .await
         .map_err(|error| unavailable(format!("host inspection task failed: {error}")))??;
-        // Root switches to the sandbox user; anyone else already is unprivileged and runs
-        // sandboxes as itself (RLIMIT_NPROC then counts per sandbox just the same).
-        let run_as = nix::unistd::geteuid().is_root().then_some((config.sandbox_uid, config.sandbox_gid));
+        // Root gives each workspace uids of its own; anyone else already is unprivileged and
+        // runs sandboxes as itself (RLIMIT_NPROC then counts per sandbox just the same).
+        let uid_range = nix::unistd::geteuid().is_root().then_some(config.sandbox_uid_range);
         let launcher = Arc::new(Launcher {
             setsid_path: config.setsid_path.clone(),
+            setpriv_path: config.setpriv_path.clone(),
             bwrap_path: config.bwrap_path.clone(),
             prlimit_path: config.prlimit_path.clone(),
-            run_as,
             table: Arc::new(table),
             workspace_dir: config.workspace_dir.clone(),
         });
-        let driver = Self { config, launcher, backends: Mutex::new(HashMap::new()) };
+        let driver = Self { config: Arc::new(config), launcher, uid_range, backends: Mutex::new(HashMap::new()) };
         driver.probe().await?;
         Ok(driver)
     }
@@ -82,42 +86,34 @@ impl BubblewrapDriver {
         &self.config
     }
 
-    /// Host uid/gid the sandboxes run as (`None`: the agent's own).
-    pub fn sandbox_user(&self) -> Option<(u32, u32)> {
-        self.launcher.run_as
+    /// The range workspace uids come from (`None`: the agent is not root and sandboxes run
+    /// as its user).
+    pub fn uid_range(&self) -> Option<UidRange> {
+        self.uid_range
     }
 
-    /// Runs `prlimit <default limits> -- true` in a sandbox with every mount but the
-    /// workspace (an empty tmpfs stands in for it).
+    /// Runs `prlimit <default limits> -- true` through the real host chain (as the first
+    /// uid of the range) in a sandbox with every mount but the workspace (an empty tmpfs
+    /// stands in for it).
     async fn probe(&self) -> Result<()> {
-        let mut args = vec![self.config.bwrap_path.clone().into_os_string()];
+        let probe_user: Option<HostUser> = self.uid_range.map(|range| range.first_users().agent);
+        let mut args = self.launcher.host_chain(probe_user);
         args.extend(sandbox::bwrap_args(
             &self.config,
             &self.launcher.table,
-            &WorkspaceMounts { root: None, network: false },
+            &WorkspaceMounts { root: None, dir: &self.config.workspace_dir, read_only_files: &[], network: false },
         ));
         args.push("--".into());
         args.push(self.config.prlimit_path.clone().into_os_string());
         args.extend(self.config.default_limits.prlimit_args().into_iter().map(Into::into));
         args.push("--".into());
         args.push("true".into());
-        let mut command = Command::new(&self.config.setsid_path);
-        command
-            .args(&args)
-            .env_clear()
-            .env("PATH", super::backend::DEFAULT_PATH)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        if let Some((uid, gid)) = self.launcher.run_as {
-            command.uid(uid).gid(gid);
-        }
-        let who = match self.launcher.run_as {
-            Some((uid, gid)) => format!("as uid {uid}:{gid}"),
+        let who = match probe_user {
+            Some(user) => format!("as uid {}:{}", user.uid, user.gid),
             None => "as the agent's user".to_owned(),
         };
-        let output = tokio::time::timeout(PROBE_TIMEOUT, command.output())
+        let child = self.launcher.start(args, &BTreeMap::new())?;
+        let output = tokio::time::timeout(PROBE_TIMEOUT, child.wait_with_output())
             .await
             .map_err(|_| unavailable(format!("the probe sandbox did not finish within {PROBE_TIMEOUT:?}")))?
             .map_err(|error| unavailable(format!("cannot run the probe sandbox {who}: {error}")))?;
@@ -209,34 +205,45 @@ impl BubblewrapDriver {
             );
         }
         let root = context.root.to_path_buf();
-        let run_as = self.launcher.run_as;
+        let uid_range = self.uid_range;
         let opened_root = root.clone();
-        let files = tokio::task::spawn_blocking(move || -> Result<HostFs> {
+        let (files, users) = tokio::task::spawn_blocking(move || -> Result<_> {
             let files = HostFs::open(&opened_root)?;
-            if let Some((uid, gid)) = run_as {
-                ownership::check_reachable(files.host_root(), uid, gid)?;
-                let changed = ownership::hand_over(files.host_root(), uid, gid)?;
-                if changed > 0 {
-                    tracing::debug!(root = %files.host_root().display(), changed, "workspace handed to the sandbox user");
-                }
+            let Some(range) = uid_range else {
+                return Ok((files, None));
+            };
+            let users = identity::allocate(files.host_root(), range)?;
+            let (uid, gid) = (users.agent.uid, users.agent.gid);
+            ownership::check_reachable(files.host_root(), uid, gid)?;
+            let changed = ownership::hand_over(files.host_root(), uid, gid)?;
+            if changed > 0 {
+                tracing::debug!(root = %files.host_root().display(), changed, uid, "workspace handed to its uid");
             }
-            Ok(files.with_owner(run_as))
+            Ok((files.with_owner(Some((uid, gid))), Some(users)))
         })
         .await
         .map_err(|error| unavailable(format!("preparing the workspace root failed: {error}")))??;
         let sandbox_args = sandbox::bwrap_args(
             &self.config,
             &self.launcher.table,
-            &WorkspaceMounts { root: Some(files.host_root()), network: context.spec.network },
+            &WorkspaceMounts {
+                root: Some(files.host_root()),
+                dir: &self.config.workspace_dir,
+                read_only_files: &[],
+                network: context.spec.network,
+            },
         );
         let limits = self.config.default_limits.for_spec(context.spec);
-        let backend = Arc::new(BubblewrapBackend::new(
+        let backend = Arc::new(BubblewrapBackend::new(BackendParts {
             files,
-            self.launcher.clone(),
+            launcher: self.launcher.clone(),
+            config: self.config.clone(),
+            users,
             sandbox_args,
-            limits.prlimit_args(),
-            context.spec.env.clone(),
-        ));
+            network: context.spec.network,
+            limit_args: limits.prlimit_args(),
+            base_env: context.spec.env.clone(),
+        }));
         // Two racing provisions both prepare the root; the later insert wins and both
         // handles serve the same directory, which keeps provision idempotent.
         self.lock().insert(context.workspace_id.clone(), (root, backend.clone()));

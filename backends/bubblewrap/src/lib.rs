@@ -67,11 +67,16 @@
 pub mod backend;
 pub mod config;
 pub mod driver;
+pub mod holder;
+pub mod identity;
+pub mod launch;
 pub mod ownership;
 pub mod process;
 pub mod program;
 pub mod sandbox;
 
-pub use backend::{BubblewrapBackend, DEFAULT_PATH};
+pub use backend::BubblewrapBackend;
 pub use config::{BubblewrapConfig, ExtraBind, ResourceLimits};
 pub use driver::BubblewrapDriver;
+pub use identity::{UidRange, WorkspaceUsers};
+pub use launch::{DEFAULT_PATH, HostUser};

@@ -160,7 +160,16 @@ async fn exec_latency_report() {
     let sandbox = sandbox(WorkspaceSpec::default()).await;
     let config = sandbox.driver.config().clone();
     let table = MountTable::inspect(&config).unwrap();
-    let mut direct_args = bwrap_args(&config, &table, &WorkspaceMounts { root: Some(&sandbox.root), network: false });
+    let mut direct_args = bwrap_args(
+        &config,
+        &table,
+        &WorkspaceMounts {
+            root: Some(&sandbox.root),
+            dir: &config.workspace_dir,
+            read_only_files: &[],
+            network: false,
+        },
+    );
     direct_args.extend(["--chdir", "/workspace", "--", "true"].map(Into::into));
 
     let mut via_backend = Vec::with_capacity(RUNS);
@@ -174,8 +183,8 @@ async fn exec_latency_report() {
 
         let mut command = tokio::process::Command::new(&config.bwrap_path);
         command.args(&direct_args).env_clear().env("PATH", berth_backend_bubblewrap::DEFAULT_PATH);
-        if let Some((uid, gid)) = sandbox.driver.sandbox_user() {
-            command.uid(uid).gid(gid);
+        if let Some(users) = sandbox.bubblewrap.users() {
+            command.uid(users.agent.uid).gid(users.agent.gid);
         }
         let started = std::time::Instant::now();
         let status = command.status().await.unwrap();
