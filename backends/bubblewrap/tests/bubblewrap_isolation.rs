@@ -131,7 +131,7 @@ fn on_host_as(uid: u32, argv: &[&str]) -> (bool, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workspaces_on_one_driver_cannot_reach_each_other() {
-    use berth_workspace::{Backend as _, BackendDriver as _, ProvisionContext, WorkspaceId};
+    use berth_workspace::{Backend as _, ProvisionContext, WorkspaceId};
     use std::os::unix::fs::MetadataExt as _;
     if !nix::unistd::geteuid().is_root() {
         panic!("this test needs root: per-workspace uids are given by a root node agent");
@@ -277,7 +277,6 @@ async fn a_secret_holder_is_out_of_the_agents_reach() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_holder_program_runs_as_checked_and_a_swap_is_refused() {
-    use berth_workspace::Backend as _;
     use sha2::Digest as _;
     let sandbox = sandbox(WorkspaceSpec::default()).await;
     let users = sandbox.bubblewrap.users().expect("root gives uids");
