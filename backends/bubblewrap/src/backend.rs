@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use nix::unistd::Pid;
 
+use super::cgroup::WorkspaceCgroup;
 use super::config::BubblewrapConfig;
 use super::holder::{self, HolderContext};
 use super::identity::WorkspaceUsers;
@@ -43,6 +44,8 @@ pub struct BubblewrapBackend {
     limit_args: Vec<String>,
     /// The workspace spec's env: between the defaults and an exec's own env.
     base_env: BTreeMap<String, String>,
+    /// The workspace's cgroup (`None`: rlimits only), joined by every sandbox.
+    cgroup: Option<WorkspaceCgroup>,
     live: Arc<LiveProcesses>,
 }
 
@@ -56,11 +59,13 @@ pub(super) struct BackendParts {
     pub network: bool,
     pub limit_args: Vec<String>,
     pub base_env: BTreeMap<String, String>,
+    pub cgroup: Option<WorkspaceCgroup>,
 }
 
 impl BubblewrapBackend {
     pub(super) fn new(parts: BackendParts) -> Self {
-        let BackendParts { files, launcher, config, users, sandbox_args, network, limit_args, base_env } = parts;
+        let BackendParts { files, launcher, config, users, sandbox_args, network, limit_args, base_env, cgroup } =
+            parts;
         Self {
             files,
             launcher,
@@ -70,6 +75,7 @@ impl BubblewrapBackend {
             network,
             limit_args,
             base_env,
+            cgroup,
             live: Arc::new(LiveProcesses::default()),
         }
     }
@@ -86,6 +92,20 @@ impl BubblewrapBackend {
     /// The host users this workspace's sandboxes run as (`None`: the node agent's own).
     pub fn users(&self) -> Option<WorkspaceUsers> {
         self.users
+    }
+
+    /// The workspace's cgroup, when the driver uses cgroups.
+    pub fn cgroup(&self) -> Option<&WorkspaceCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// The cgroup every sandbox joins, re-created if a release removed it while this
+    /// handle lived on.
+    fn joined_cgroup(&self) -> Result<Option<&WorkspaceCgroup>> {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.ensure()?;
+        }
+        Ok(self.cgroup.as_ref())
     }
 
     /// Sandboxes of this workspace still running.
@@ -141,7 +161,7 @@ impl BubblewrapBackend {
         };
         let search_path = env.get("PATH").map(String::as_str).unwrap_or_default();
         program::ensure_exists(&view, program, search_path, &spec.cwd).await?;
-        let mut line = self.launcher.host_chain(self.users.map(|users| users.agent));
+        let mut line = self.launcher.host_chain(self.users.map(|users| users.agent), self.joined_cgroup()?);
         line.extend(self.bwrap_line(spec));
         self.start(line, &env, None)
     }
@@ -164,7 +184,7 @@ impl BubblewrapBackend {
             limit_args: &self.limit_args,
         };
         let launch = holder::prepare(&context, spec).await?;
-        let mut line = self.launcher.host_chain(Some(users.holder));
+        let mut line = self.launcher.host_chain(Some(users.holder), self.joined_cgroup()?);
         line.extend(launch.bwrap_line);
         self.start(line, &launch.env, launch.program_copy)
     }
@@ -190,6 +210,16 @@ impl BubblewrapBackend {
             stderr: Box::pin(stderr),
             control: Box::new(SandboxProcess::new(child, group, self.live.clone()).keeping(program_copy)),
         })
+    }
+}
+
+impl Drop for BubblewrapBackend {
+    /// The last handle of a workspace that was never released (a test, a driver going
+    /// away) takes its empty cgroup with it.
+    fn drop(&mut self) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.remove_if_empty();
+        }
     }
 }
 

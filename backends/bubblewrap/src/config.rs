@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use super::cgroup::CgroupPolicy;
 use super::identity::{DEFAULT_UID_RANGE, UidRange};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::spec::WorkspaceSpec;
@@ -89,6 +90,10 @@ pub struct BubblewrapConfig {
     pub hostname: String,
     /// Limits used where a workspace spec says 0.
     pub default_limits: ResourceLimits,
+    /// Whether memory, CPU and process count are limited per workspace by a cgroup
+    /// ([`super::cgroup`]); without one, memory is `RLIMIT_AS` per process and CPU share
+    /// is not limited.
+    pub cgroups: CgroupPolicy,
 }
 
 impl Default for BubblewrapConfig {
@@ -106,6 +111,7 @@ impl Default for BubblewrapConfig {
             tmp_size_bytes: DEFAULT_TMP_SIZE_BYTES,
             hostname: "workspace".to_owned(),
             default_limits: ResourceLimits::default(),
+            cgroups: CgroupPolicy::default(),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::backend::{BackendParts, BubblewrapBackend};
+use super::cgroup::{CgroupLimits, CgroupPolicy, Cgroups};
 use super::config::{BubblewrapConfig, SANDBOX_INNER_ID};
 use super::identity::{self, UidRange};
 use super::launch::{HostUser, Launcher};
@@ -23,6 +24,8 @@ use berth_workspace::id::WorkspaceId;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Most bytes of the probe's stderr quoted in an error.
 const PROBE_STDERR_BYTES: usize = 2000;
+/// How long release / destroy wait for a workspace's killed processes to leave its cgroup.
+const CGROUP_REMOVE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Hands out sandboxes. There is no long-lived runtime per workspace: every exec is its
 /// own bwrap, so provisioning only prepares the root and builds the handle, and release /
@@ -35,6 +38,8 @@ pub struct BubblewrapDriver {
     /// Uids to give workspaces when the node agent is root (`None`: it is not, and every
     /// sandbox runs as its user).
     uid_range: Option<UidRange>,
+    /// Per-workspace cgroups (`None`: rlimits only).
+    cgroups: Option<Cgroups>,
     backends: Mutex<HashMap<WorkspaceId, (PathBuf, Arc<BubblewrapBackend>)>>,
 }
 
@@ -77,7 +82,9 @@ impl BubblewrapDriver {
             table: Arc::new(table),
             workspace_dir: config.workspace_dir.clone(),
         });
-        let driver = Self { config: Arc::new(config), launcher, uid_range, backends: Mutex::new(HashMap::new()) };
+        let cgroups = detect_cgroups(config.cgroups, uid_range.is_some()).await?;
+        let driver =
+            Self { config: Arc::new(config), launcher, uid_range, cgroups, backends: Mutex::new(HashMap::new()) };
         driver.probe().await?;
         Ok(driver)
     }
@@ -97,7 +104,7 @@ impl BubblewrapDriver {
     /// stands in for it).
     async fn probe(&self) -> Result<()> {
         let probe_user: Option<HostUser> = self.uid_range.map(|range| range.first_users().agent);
-        let mut args = self.launcher.host_chain(probe_user);
+        let mut args = self.launcher.host_chain(probe_user, None);
         args.extend(sandbox::bwrap_args(
             &self.config,
             &self.launcher.table,
@@ -142,15 +149,66 @@ impl BubblewrapDriver {
         self.backends.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn forget_and_kill(&self, workspace_id: &WorkspaceId) {
+    /// Whether workspaces get cgroups ("v1" / "v2"), `None` when they do not.
+    pub fn cgroup_version(&self) -> Option<&'static str> {
+        self.cgroups.as_ref().map(Cgroups::version)
+    }
+
+    async fn forget_and_kill(&self, workspace_id: &WorkspaceId) -> Result<()> {
         let removed = self.lock().remove(workspace_id);
-        if let Some((_, backend)) = removed {
-            let killed = backend.kill_all();
-            if killed > 0 {
-                tracing::info!(ws_id = %workspace_id, killed, "killed running sandboxes");
-            }
+        let Some((_, backend)) = removed else {
+            return Ok(());
+        };
+        let killed = backend.kill_all();
+        if killed > 0 {
+            tracing::info!(ws_id = %workspace_id, killed, "killed running sandboxes");
+        }
+        if let Some(cgroup) = backend.cgroup().cloned() {
+            tokio::task::spawn_blocking(move || cgroup.remove(CGROUP_REMOVE_PATIENCE))
+                .await
+                .map_err(|error| unavailable(format!("cgroup removal task failed: {error}")))??;
+        }
+        Ok(())
+    }
+}
+
+/// The cgroups the policy asks for: only a root agent sets them up; `Auto` falls back to
+/// rlimits (with a warning) when they are not usable, `Required` refuses to start.
+async fn detect_cgroups(policy: CgroupPolicy, is_root: bool) -> Result<Option<Cgroups>> {
+    if policy == CgroupPolicy::Off {
+        return Ok(None);
+    }
+    let detected = if is_root {
+        tokio::task::spawn_blocking(Cgroups::detect)
+            .await
+            .map_err(|error| unavailable(format!("cgroup detection task failed: {error}")))?
+    } else {
+        Err(super::cgroup::CgroupError::Unavailable { reason: "the node agent is not root".into() })
+    };
+    match (detected, policy) {
+        (Ok(cgroups), _) => {
+            tracing::info!(version = cgroups.version(), "bubblewrap workspaces get cgroups");
+            Ok(Some(cgroups))
+        }
+        (Err(error), CgroupPolicy::Required) => Err(error.into()),
+        (Err(error), _) => {
+            tracing::warn!(
+                %error,
+                "bubblewrap workspaces get no cgroup: memory is limited per process (RLIMIT_AS), CPU not at all"
+            );
+            Ok(None)
         }
     }
+}
+
+/// The cgroup directory name of a workspace: its id and a digest of its root, so two
+/// drivers (two agents, or tests) using the same id on one host never share a cgroup, and
+/// a restarted agent finds its own again.
+fn cgroup_name(workspace_id: &WorkspaceId, root: &Path) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(root.as_os_str().as_encoded_bytes());
+    let short: String = digest.iter().take(6).map(|byte| format!("{byte:02x}")).collect();
+    format!("{}.{short}", workspace_id.as_str())
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -174,13 +232,11 @@ impl BackendDriver for BubblewrapDriver {
     }
 
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
+        self.forget_and_kill(workspace_id).await
     }
 
     async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
+        self.forget_and_kill(workspace_id).await
     }
 }
 
@@ -198,11 +254,11 @@ impl BubblewrapDriver {
         {
             return Ok(backend.clone());
         }
-        if context.spec.image.is_some() || context.spec.cpu_millis > 0 {
-            tracing::warn!(
-                ws_id = %context.workspace_id,
-                "the bubblewrap backend runs host binaries and sets no CPU share; ignoring image and cpu_millis"
-            );
+        if context.spec.image.is_some() {
+            tracing::warn!(ws_id = %context.workspace_id, "the bubblewrap backend runs host binaries; ignoring image");
+        }
+        if context.spec.cpu_millis > 0 && self.cgroups.is_none() {
+            tracing::warn!(ws_id = %context.workspace_id, "no cgroups: ignoring cpu_millis");
         }
         let root = context.root.to_path_buf();
         let uid_range = self.uid_range;
@@ -233,7 +289,26 @@ impl BubblewrapDriver {
                 network: context.spec.network,
             },
         );
-        let limits = self.config.default_limits.for_spec(context.spec);
+        let mut limits = self.config.default_limits.for_spec(context.spec);
+        let cgroup = match &self.cgroups {
+            Some(cgroups) => {
+                let cgroup_limits = CgroupLimits {
+                    memory_bytes: limits.memory_bytes,
+                    cpu_millis: (context.spec.cpu_millis > 0).then_some(context.spec.cpu_millis),
+                    pids: limits.pids,
+                };
+                // Memory is the workspace's, in the cgroup: no RLIMIT_AS on top (it breaks
+                // runtimes that reserve address space, and counts nothing shared).
+                limits.memory_bytes = None;
+                let cgroup = cgroups.workspace(&cgroup_name(context.workspace_id, &root), cgroup_limits);
+                let created = cgroup.clone();
+                tokio::task::spawn_blocking(move || created.ensure())
+                    .await
+                    .map_err(|error| unavailable(format!("cgroup task failed: {error}")))??;
+                Some(cgroup)
+            }
+            None => None,
+        };
         let backend = Arc::new(BubblewrapBackend::new(BackendParts {
             files,
             launcher: self.launcher.clone(),
@@ -243,6 +318,7 @@ impl BubblewrapDriver {
             network: context.spec.network,
             limit_args: limits.prlimit_args(),
             base_env: context.spec.env.clone(),
+            cgroup,
         }));
         // Two racing provisions both prepare the root; the later insert wins and both
         // handles serve the same directory, which keeps provision idempotent.

@@ -23,6 +23,7 @@ use command_fds::{CommandFdExt as _, FdMapping};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use tokio::process::{Child, Command};
 
+use super::cgroup::WorkspaceCgroup;
 use super::sandbox::MountTable;
 use berth_workspace::error::{Result, WorkspaceError};
 
@@ -32,6 +33,12 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 
 /// The fd at which bwrap reads its `--args`.
 const ARGS_FD: i32 = 3;
+/// The shell that joins a cgroup at the head of the chain: writes its own pid into each
+/// `cgroup.procs` named before `--`, then execs the rest (same pid).
+const JOIN_CGROUP_SCRIPT: &str =
+    r#"while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@""#;
+/// Where that shell is.
+const SHELL: &str = "/bin/sh";
 
 /// A host uid and gid a sandbox runs as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,16 +63,24 @@ impl Launcher {
     /// `bwrap --args 3`; the caller appends bwrap's other options and the command.
     ///
     /// ```text
-    /// setsid [setpriv --reuid U --regid G --clear-groups --] bwrap --args 3 …
+    /// [/bin/sh -c <join> berth-join <cgroup.procs…> --] setsid
+    ///     [setpriv --reuid U --regid G --clear-groups --] bwrap --args 3 …
     /// ```
     ///
     /// Each program execs the next in the same process (none forks: `setsid` is not a
     /// group leader when it starts), so the spawned pid is bwrap's and leads the new
     /// process group that [`super::process`] kills. Every step before the `setpriv` runs as
     /// the node agent's user (root when `user` is given); a step that needs privilege
-    /// (joining a network namespace or a cgroup) goes before it, after `setsid`.
-    pub(super) fn host_chain(&self, user: Option<HostUser>) -> Vec<OsString> {
-        let mut chain: Vec<OsString> = vec![self.setsid_path.clone().into()];
+    /// (joining a network namespace) goes before it, after `setsid`. The cgroup is joined
+    /// first, so nothing of the sandbox ever runs outside it.
+    pub(super) fn host_chain(&self, user: Option<HostUser>, cgroup: Option<&WorkspaceCgroup>) -> Vec<OsString> {
+        let mut chain: Vec<OsString> = Vec::new();
+        if let Some(cgroup) = cgroup {
+            chain.extend([SHELL.into(), "-c".into(), JOIN_CGROUP_SCRIPT.into(), "berth-join".into()]);
+            chain.extend(cgroup.procs_files().into_iter().map(OsString::from));
+            chain.push("--".into());
+        }
+        chain.push(self.setsid_path.clone().into());
         if let Some(user) = user {
             chain.push(self.setpriv_path.clone().into());
             chain.push(format!("--reuid={}", user.uid).into());
@@ -150,7 +165,7 @@ mod tests {
 
     #[test]
     fn the_chain_drops_to_the_user_right_before_bwrap() {
-        let chain = launcher().host_chain(Some(HostUser { uid: 200000, gid: 200000 }));
+        let chain = launcher().host_chain(Some(HostUser { uid: 200000, gid: 200000 }), None);
         let joined: Vec<&str> = chain.iter().map(|arg| arg.to_str().unwrap()).collect();
         assert_eq!(
             joined,
@@ -166,7 +181,7 @@ mod tests {
                 "3"
             ]
         );
-        let unprivileged = launcher().host_chain(None);
+        let unprivileged = launcher().host_chain(None, None);
         assert_eq!(unprivileged, ["/usr/bin/setsid", "/usr/bin/bwrap", "--args", "3"]);
     }
 

@@ -65,6 +65,7 @@
 //! unfolded back into the signal ([`process::unfold_exit`]).
 
 pub mod backend;
+pub mod cgroup;
 pub mod config;
 pub mod driver;
 pub mod holder;
@@ -76,6 +77,7 @@ pub mod program;
 pub mod sandbox;
 
 pub use backend::BubblewrapBackend;
+pub use cgroup::CgroupPolicy;
 pub use config::{BubblewrapConfig, ExtraBind, ResourceLimits};
 pub use driver::BubblewrapDriver;
 pub use identity::{UidRange, WorkspaceUsers};
