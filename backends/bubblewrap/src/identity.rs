@@ -22,7 +22,6 @@ use std::sync::Mutex;
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::launch::HostUser;
 use berth_workspace::error::WorkspaceError;
 
 /// Default range of sandbox uids (and gids): above the usual system and login ranges
@@ -32,6 +31,13 @@ pub const DEFAULT_UID_RANGE: UidRange = UidRange { first: 200_000, last: 265_535
 /// Serializes allocations of this process (the `flock` covers other processes; two
 /// threads of one process would share it).
 static ALLOCATION: Mutex<()> = Mutex::new(());
+
+/// A host uid and gid a sandbox runs as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostUser {
+    pub uid: u32,
+    pub gid: u32,
+}
 
 /// An inclusive range of host uids for sandboxes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

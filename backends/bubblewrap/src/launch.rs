@@ -24,6 +24,7 @@ use nix::sys::memfd::{MFdFlags, memfd_create};
 use tokio::process::{Child, Command};
 
 use super::cgroup::WorkspaceCgroup;
+use super::identity::HostUser;
 use super::sandbox::MountTable;
 use berth_workspace::error::{Result, WorkspaceError};
 
@@ -39,13 +40,6 @@ const JOIN_CGROUP_SCRIPT: &str =
     r#"while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@""#;
 /// Where that shell is.
 const SHELL: &str = "/bin/sh";
-
-/// A host uid and gid a sandbox runs as.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct HostUser {
-    pub uid: u32,
-    pub gid: u32,
-}
 
 /// How to start the sandboxes of one driver; shared by its backends.
 #[derive(Debug)]

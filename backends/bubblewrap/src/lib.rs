@@ -86,5 +86,5 @@ pub use backend::BubblewrapBackend;
 pub use cgroup::CgroupPolicy;
 pub use config::{BubblewrapConfig, ExtraBind, ResourceLimits};
 pub use driver::BubblewrapDriver;
-pub use identity::{UidRange, WorkspaceUsers};
-pub use launch::{DEFAULT_PATH, HostUser};
+pub use identity::{HostUser, UidRange, WorkspaceUsers};
+pub use launch::DEFAULT_PATH;
