@@ -7,6 +7,8 @@ use std::time::Duration;
 use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 
+pub use berth_backend_bubblewrap::{BubblewrapConfig, CgroupPolicy, UidRange};
+
 #[derive(Clone, Debug)]
 pub struct NodeAgentConfig {
     pub node_id: String,
@@ -40,6 +42,9 @@ pub struct NodeAgentConfig {
     pub control_plane_tls: Option<ClientTls>,
     /// Most execs running at once in one workspace; more get RESOURCE_EXHAUSTED.
     pub max_execs_per_workspace: u32,
+    /// Settings of the `bubblewrap` driver (used when it is offered), e.g. the range of
+    /// host uids its workspaces get (`--sandbox-uid-range`).
+    pub bubblewrap: BubblewrapConfig,
 }
 
 impl NodeAgentConfig {
@@ -61,6 +66,7 @@ impl NodeAgentConfig {
             client_ca: None,
             control_plane_tls: None,
             max_execs_per_workspace: 32,
+            bubblewrap: BubblewrapConfig::default(),
         }
     }
 
@@ -90,6 +96,9 @@ impl NodeAgentConfig {
         }
         if self.max_execs_per_workspace == 0 {
             return Err("max execs per workspace must be at least 1".into());
+        }
+        if self.backends.iter().any(|name| name == "bubblewrap") {
+            self.bubblewrap.validate().map_err(|error| error.to_string())?;
         }
         Ok(())
     }

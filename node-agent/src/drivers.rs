@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use berth_backend_bubblewrap::{BubblewrapConfig, BubblewrapDriver};
+use berth_backend_bubblewrap::BubblewrapDriver;
 use berth_backend_docker::{DockerConfig, DockerDriver};
 use berth_backend_host::LocalDriver;
 use berth_workspace::{BackendDriverRef, WorkspaceError};
@@ -20,7 +20,7 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
     for name in &config.backends {
         let driver: BackendDriverRef = match name.as_str() {
             "local" => Arc::new(LocalDriver::new()),
-            "bubblewrap" => Arc::new(BubblewrapDriver::new(BubblewrapConfig::default()).await?),
+            "bubblewrap" => Arc::new(BubblewrapDriver::new(config.bubblewrap.clone()).await?),
             "docker" => {
                 let docker =
                     DockerConfig { default_image: config.docker_image.clone(), ..DockerConfig::new(&config.node_id) };
