@@ -7,6 +7,8 @@ use std::time::Duration;
 use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 
+pub use berth_backend_bubblewrap::{BubblewrapConfig, CgroupPolicy, UidRange};
+
 #[derive(Clone, Debug)]
 pub struct NodeAgentConfig {
     pub node_id: String,
@@ -43,6 +45,9 @@ pub struct NodeAgentConfig {
     /// Ranges networked sandboxes (bubblewrap, Docker) may reach although the default
     /// policy blocks them (`--sandbox-allow-cidr`; see `berth_backend_host::netns`).
     pub sandbox_allow_cidrs: Vec<berth_backend_host::netns::Cidr>,
+    /// Settings of the `bubblewrap` driver (used when it is offered), e.g. the range of
+    /// host uids its workspaces get (`--sandbox-uid-range`).
+    pub bubblewrap: BubblewrapConfig,
 }
 
 impl NodeAgentConfig {
@@ -65,6 +70,7 @@ impl NodeAgentConfig {
             control_plane_tls: None,
             max_execs_per_workspace: 32,
             sandbox_allow_cidrs: Vec::new(),
+            bubblewrap: BubblewrapConfig::default(),
         }
     }
 
@@ -94,6 +100,9 @@ impl NodeAgentConfig {
         }
         if self.max_execs_per_workspace == 0 {
             return Err("max execs per workspace must be at least 1".into());
+        }
+        if self.backends.iter().any(|name| name == "bubblewrap") {
+            self.bubblewrap.validate().map_err(|error| error.to_string())?;
         }
         if let Some(cidr) = self.sandbox_allow_cidrs.iter().find(|cidr| !cidr.is_ipv4()) {
             return Err(format!(

@@ -21,7 +21,7 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
         let driver: BackendDriverRef = match name.as_str() {
             "local" => Arc::new(LocalDriver::new()),
             "bubblewrap" => {
-                let bubblewrap = BubblewrapConfig { network: config.sandbox_network(), ..BubblewrapConfig::default() };
+                let bubblewrap = BubblewrapConfig { network: config.sandbox_network(), ..config.bubblewrap.clone() };
                 Arc::new(BubblewrapDriver::new(bubblewrap).await?)
             }
             "docker" => {

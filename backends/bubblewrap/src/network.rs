@@ -3,10 +3,10 @@
 //!
 //! The namespace is built at provision (and rebuilt by the first provision after an agent
 //! restart if its pasta is gone), torn down at release and destroy. Every sandbox of the
-//! workspace is started inside it: the host-side chain begins with
-//! `nsenter --net=/run/netns/<name> --` (root is needed to join it, so the switch to the
-//! sandbox user comes after, with `setpriv`, and the caller's env is set only after that,
-//! by `env -i`: a root process must never see it), and bwrap then keeps that namespace
+//! workspace is started inside it: right after `setsid`, the host chain
+//! ([`super::launch::Launcher::host_chain`]) runs `nsenter --net=/run/netns/<name> --`
+//! (root is needed to join it, so the switch to the sandbox user comes after, with
+//! `setpriv`; like every host step it has a fixed env), and bwrap then keeps that namespace
 //! (`--share-net`) instead of the host's. Inside, bwrap's own user namespace and
 //! `--cap-drop ALL` leave no `CAP_NET_ADMIN` over it: the sandbox cannot alter the rules.
 
@@ -14,12 +14,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use berth_backend_host::netns::SandboxNetworks;
-
-/// `setpriv`, which drops to the sandbox user after `nsenter` (util-linux).
-pub const SETPRIV_PATH: &str = "/usr/bin/setpriv";
-/// `env` (coreutils), which gives the sandbox its env after the drop: the root-run
-/// programs before it start with a fixed env.
-pub const ENV_PATH: &str = "/usr/bin/env";
 
 /// Name of a workspace's namespace: derived from its root, which is unique per node and
 /// workspace and stable across agent restarts (two agents on one host never share it).

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use berth_backend_bubblewrap::{BubblewrapConfig, BubblewrapDriver, ExtraBind};
 use berth_testkit::{BackendFixture, Fixture, assert_eventually, rel, sh};
-use berth_workspace::{BackendDriver, ExecSpec, ProvisionContext, WorkspaceError, WorkspaceId, WorkspaceSpec};
+use berth_workspace::{
+    Backend as _, BackendDriver, ExecSpec, ProvisionContext, WorkspaceError, WorkspaceId, WorkspaceSpec,
+};
 use bwrap_support::{host_processes_with, marker, sandbox, shell, sleepers};
 use tempfile::TempDir;
 
@@ -36,16 +38,17 @@ async fn suite_fixture() -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
         ..BubblewrapConfig::default()
     };
     let driver = Arc::new(bwrap_support::driver(config).await);
-    if let Some((uid, gid)) = driver.sandbox_user() {
-        // The parent is the sandbox user's too, like the root: the suite writes there.
-        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the temp dir");
-    }
     let id = WorkspaceId::new("ws-suite").unwrap();
     let spec = WorkspaceSpec::default();
     let backend = driver
-        .provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec })
+        .provision_bubblewrap(ProvisionContext { workspace_id: &id, root: &root, spec: &spec })
         .await
         .expect("provision a bubblewrap workspace");
+    if let Some(users) = backend.users() {
+        // The parent is the workspace user's too, like the root: the suite writes there.
+        std::os::unix::fs::chown(dir.path(), Some(users.agent.uid), Some(users.agent.gid)).expect("chown the temp dir");
+    }
+    let backend: berth_workspace::BackendRef = backend;
     Fixture::new(backend, (dir, driver))
 }
 
@@ -169,8 +172,8 @@ async fn only_workspace_and_tmp_are_writable() {
     // Files the sandbox makes belong to the sandbox user on the host, ready for HostFs.
     use std::os::unix::fs::MetadataExt as _;
     let owner = std::fs::metadata(sandbox.root.join("w")).unwrap().uid();
-    if let Some((uid, _)) = sandbox.driver.sandbox_user() {
-        assert_eq!(owner, uid);
+    if let Some(users) = sandbox.bubblewrap.users() {
+        assert_eq!(owner, users.agent.uid);
     }
 }
 
@@ -253,7 +256,8 @@ async fn runs_unprivileged_with_a_minimal_env() {
         async move { found }
     })
     .await;
-    let expected_uid = sandbox.driver.sandbox_user().map_or_else(|| nix::unistd::geteuid().as_raw(), |(uid, _)| uid);
+    let expected_uid =
+        sandbox.bubblewrap.users().map_or_else(|| nix::unistd::geteuid().as_raw(), |users| users.agent.uid);
     for (pid, _) in host_processes_with(&needle) {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let uid_line = status.lines().find(|line| line.starts_with("Uid:")).unwrap_or("");
@@ -296,10 +300,11 @@ async fn provision_is_idempotent_and_hands_the_root_over() {
     let id = WorkspaceId::new("ws-idem").unwrap();
     let spec = WorkspaceSpec::default();
     let context = ProvisionContext { workspace_id: &id, root: &root, spec: &spec };
-    let first = driver.provision(context).await.unwrap();
-    let second = driver.provision(context).await.unwrap();
+    let first = driver.provision_bubblewrap(context).await.unwrap();
+    let second = driver.provision_bubblewrap(context).await.unwrap();
     assert!(Arc::ptr_eq(&first, &second));
-    if let Some((uid, gid)) = driver.sandbox_user() {
+    if let Some(users) = first.users() {
+        let (uid, gid) = (users.agent.uid, users.agent.gid);
         for path in ["", "pre", "pre/existing", "pre/existing/file"] {
             let metadata = std::fs::metadata(root.join(path)).unwrap();
             assert_eq!((metadata.uid(), metadata.gid()), (uid, gid), "{path}");

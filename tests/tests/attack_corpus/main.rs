@@ -5,4 +5,6 @@
 //! the secret never shows in the output).
 //!
 //! One module per area; each module's doc names the attacks and entry points it covers.
+
+mod bwrap;
 mod network;

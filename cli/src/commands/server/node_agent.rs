@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use berth_node_agent::NodeAgentConfig;
+use berth_node_agent::config::{CgroupPolicy, UidRange};
 use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::Args;
@@ -82,6 +83,14 @@ pub struct NodeFlags {
     /// host's own addresses (repeatable or comma-separated).
     #[arg(long = "sandbox-allow-cidr", env = "BERTH_SANDBOX_ALLOW_CIDRS", value_delimiter = ',')]
     pub sandbox_allow_cidrs: Vec<String>,
+    /// Host uids (= gids) of bubblewrap sandboxes when the node agent runs as root,
+    /// FIRST-LAST: two per workspace (its processes, its secret holders).
+    #[arg(long, env = "BERTH_SANDBOX_UID_RANGE", default_value = "200000-265535", value_parser = UidRange::parse)]
+    pub sandbox_uid_range: UidRange,
+    /// Per-workspace cgroups of bubblewrap sandboxes (memory, CPU, pids): auto (when root
+    /// and writable; else per-process rlimits, with a warning), required, or off.
+    #[arg(long, env = "BERTH_SANDBOX_CGROUPS", default_value = "auto", value_parser = CgroupPolicy::parse)]
+    pub sandbox_cgroups: CgroupPolicy,
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
@@ -118,6 +127,8 @@ impl NodeFlags {
             .iter()
             .map(|cidr| cidr.parse().with_context(|| format!("--sandbox-allow-cidr {cidr:?}")))
             .collect::<anyhow::Result<_>>()?;
+        config.bubblewrap.sandbox_uid_range = self.sandbox_uid_range;
+        config.bubblewrap.cgroups = self.sandbox_cgroups;
         let contract = &mut config.contract;
         contract.skills_seed = self.skills_seed.clone();
         contract.mcp.pool.max_live = self.mcp_max_live;
