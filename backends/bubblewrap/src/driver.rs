@@ -67,6 +67,7 @@ impl BubblewrapDriver {
                     )));
                 }
             }
+            super::holder::sweep_stale_copies();
             MountTable::inspect(&inspected)
         })
         .await
