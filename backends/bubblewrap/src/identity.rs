@@ -24,9 +24,11 @@ use nix::fcntl::{Flock, FlockArg};
 
 use berth_workspace::error::WorkspaceError;
 
-/// Default range of sandbox uids (and gids): above the usual system and login ranges
-/// and the 16-bit `nobody`, 32768 workspaces per node.
-pub const DEFAULT_UID_RANGE: UidRange = UidRange { first: 200_000, last: 265_535 };
+/// Default range of sandbox uids (and gids): 0x70000000 and up, a block no distribution
+/// hands out (above the login ranges, the `/etc/subuid` ranges `useradd` assigns from
+/// 100000, and the container ranges systemd uses up to 0x6FFFFFFF; below 2^31, which some
+/// tools misread as negative). 32768 workspaces per node.
+pub const DEFAULT_UID_RANGE: UidRange = UidRange { first: 1_879_048_192, last: 1_879_113_727 };
 
 /// Serializes allocations of this process (the `flock` covers other processes; two
 /// threads of one process would share it).
