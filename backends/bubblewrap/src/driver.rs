@@ -71,6 +71,7 @@ impl BubblewrapDriver {
                     )));
                 }
             }
+            super::holder::sweep_stale_copies();
             MountTable::inspect(&inspected)
         })
         .await
@@ -78,6 +79,9 @@ impl BubblewrapDriver {
         // Root gives each workspace uids of its own; anyone else already is unprivileged and
         // runs sandboxes as itself (RLIMIT_NPROC then counts per sandbox just the same).
         let uid_range = nix::unistd::geteuid().is_root().then_some(config.sandbox_uid_range);
+        if let Some(range) = uid_range {
+            identity::check_against_host(range).map_err(unavailable)?;
+        }
         let launcher = Arc::new(Launcher {
             setsid_path: config.setsid_path.clone(),
             setpriv_path: config.setpriv_path.clone(),

@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{Read as _, Write as _};
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt as _;
@@ -45,6 +45,31 @@ pub const HOLDER_HOME: &str = "/holder";
 pub const PINNED_PROGRAM_DIR: &str = "/holder-program";
 /// Largest workspace program copied for a pin.
 pub const MAX_PINNED_PROGRAM_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Prefix of the private directories holding program copies (in the host's temp dir).
+const COPY_DIR_PREFIX: &str = "berth-holder-";
+/// Age after which a program copy directory is someone's leftover: a sandbox binds the
+/// copy when it starts, so removing the host file later does not affect it.
+const STALE_COPY_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes program copy directories left behind by a process handle that never dropped (an
+/// agent that died). Blocking.
+pub fn sweep_stale_copies() {
+    let now = std::time::SystemTime::now();
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for entry in entries.flatten() {
+        let is_copy_dir = entry.file_name().to_string_lossy().starts_with(COPY_DIR_PREFIX)
+            && entry.file_type().is_ok_and(|kind| kind.is_dir())
+            && entry.metadata().is_ok_and(|metadata| metadata.uid() == nix::unistd::geteuid().as_raw());
+        let stale = entry
+            .metadata()
+            .and_then(|metadata| metadata.modified())
+            .is_ok_and(|modified| now.duration_since(modified).is_ok_and(|age| age > STALE_COPY_AFTER));
+        if is_copy_dir && stale && std::fs::remove_dir_all(entry.path()).is_ok() {
+            tracing::debug!(path = %entry.path().display(), "removed a stale holder program copy");
+        }
+    }
+}
 
 /// The bwrap command line (after the host chain) and env of one secret holder, and the
 /// directory of its program copy, kept until the sandbox is gone.
@@ -123,7 +148,7 @@ async fn copy_and_check(files: &HostFs, path: &RelPath, pin: [u8; 32]) -> Result
             let shown = shown.clone();
             move |source: std::io::Error| WorkspaceError::Io { op, path: shown, source }
         };
-        let dir = tempfile::Builder::new().prefix("berth-holder-").tempdir().map_err(failed("create program dir"))?;
+        let dir = tempfile::Builder::new().prefix(COPY_DIR_PREFIX).tempdir().map_err(failed("create program dir"))?;
         // Searchable, not listable or writable, by anyone but the agent's user (root).
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
             .map_err(failed("chmod program dir"))?;

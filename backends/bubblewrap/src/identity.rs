@@ -24,9 +24,11 @@ use nix::fcntl::{Flock, FlockArg};
 
 use berth_workspace::error::WorkspaceError;
 
-/// Default range of sandbox uids (and gids): above the usual system and login ranges
-/// and the 16-bit `nobody`, 32768 workspaces per node.
-pub const DEFAULT_UID_RANGE: UidRange = UidRange { first: 200_000, last: 265_535 };
+/// Default range of sandbox uids (and gids): 0x70000000 and up, a block no distribution
+/// hands out (above the login ranges, the `/etc/subuid` ranges `useradd` assigns from
+/// 100000, and the container ranges systemd uses up to 0x6FFFFFFF; below 2^31, which some
+/// tools misread as negative). 32768 workspaces per node.
+pub const DEFAULT_UID_RANGE: UidRange = UidRange { first: 1_879_048_192, last: 1_879_113_727 };
 
 /// Serializes allocations of this process (the `flock` covers other processes; two
 /// threads of one process would share it).
@@ -124,6 +126,41 @@ impl UidRange {
     }
 }
 
+/// Refuses a range that overlaps ids the host already hands out: users and groups of
+/// `/etc/passwd` and `/etc/group`, and the subordinate ranges of `/etc/subuid` and
+/// `/etc/subgid` (a rootless container of that user could own workspace files). Missing
+/// files are fine; directory services (LDAP) cannot be checked here.
+pub fn check_against_host(range: UidRange) -> Result<(), String> {
+    for (file, subordinate) in
+        [("/etc/passwd", false), ("/etc/group", false), ("/etc/subuid", true), ("/etc/subgid", true)]
+    {
+        let Ok(text) = std::fs::read_to_string(file) else { continue };
+        if let Some(line) = overlapping_line(range, &text, subordinate) {
+            return Err(format!(
+                "sandbox uid range {}-{} overlaps ids in use on this host ({file}: {line}); \
+                 choose another --sandbox-uid-range",
+                range.first, range.last
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The first line of a passwd/group (`name:x:id:…`) or subuid/subgid (`name:start:count`)
+/// file whose ids meet `range`.
+fn overlapping_line(range: UidRange, text: &str, subordinate: bool) -> Option<String> {
+    text.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        let (start, count) = if subordinate {
+            (fields.get(1)?.parse::<u64>().ok()?, fields.get(2)?.parse::<u64>().ok()?)
+        } else {
+            (fields.get(2)?.parse::<u64>().ok()?, 1)
+        };
+        let end = start + count.max(1) - 1;
+        (start <= u64::from(range.last) && end >= u64::from(range.first)).then(|| line.to_owned())
+    })
+}
+
 /// The users of the workspace at `root` (a directory the caller created): the ones its
 /// owner already names, or a fresh pair, recorded by chowning `root` (not its content) and
 /// making it `0700`.
@@ -196,6 +233,19 @@ mod tests {
         for bad in ["0-10", "10-10", "10", "60000-70000", "a-b"] {
             assert!(UidRange::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn ranges_in_use_on_the_host_are_found() {
+        let range = UidRange { first: 200_000, last: 265_535 };
+        let passwd = "root:x:0:0::/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n";
+        assert_eq!(overlapping_line(range, passwd, false), None);
+        let taken = "ldap:x:200123:200123::/:/bin/sh\n";
+        assert!(overlapping_line(range, taken, false).is_some());
+        // The second user's subordinate range of a default Debian /etc/subuid.
+        let subuid = "alice:100000:65536\nbob:165536:65536\n";
+        assert_eq!(overlapping_line(range, subuid, true).as_deref(), Some("bob:165536:65536"));
+        assert_eq!(overlapping_line(range, "alice:100000:65536\n", true), None);
     }
 
     #[test]

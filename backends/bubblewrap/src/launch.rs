@@ -118,7 +118,7 @@ impl Launcher {
         })?;
         command.spawn().map_err(|error| WorkspaceError::BackendUnavailable {
             backend: "bubblewrap",
-            reason: format!("cannot start {}: {error}", self.setsid_path.display()),
+            reason: format!("cannot start {}: {error}", program.to_string_lossy()),
         })
     }
 }

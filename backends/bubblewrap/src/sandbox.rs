@@ -185,7 +185,8 @@ pub fn bwrap_args(config: &BubblewrapConfig, table: &MountTable, workspace: &Wor
             args.push("--bind".into());
             args.push(root.as_os_str().to_owned());
         }
-        None => args.push("--tmpfs".into()),
+        // Size-capped like /tmp: a holder's HOME is memory too.
+        None => push(&mut args, &["--size", &tmp_size, "--tmpfs"]),
     }
     args.push(workspace.dir.into());
     for (host, sandbox) in workspace.read_only_files {

@@ -272,6 +272,11 @@ async fn a_secret_holder_is_out_of_the_agents_reach() {
     let output = sandbox.backend.exec(&spec).await.unwrap();
     let shown = String::from_utf8_lossy(&output.stdout);
     assert!(shown.starts_with("home=/holder pwd=/holder token=t\n"), "{shown}");
+    // HOME is memory: capped like /tmp.
+    let spec = holder_exec(&["sh", "-c", "df -k /holder | tail -1 | awk '{print $2}'"], &[]);
+    let output = sandbox.backend.exec(&spec).await.unwrap();
+    let expected_kib = berth_backend_bubblewrap::config::DEFAULT_TMP_SIZE_BYTES / 1024;
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), expected_kib.to_string(), "{output:?}");
     assert!(shown.contains("No such file or directory"), "the workspace is mounted for a holder: {shown}");
 }
 

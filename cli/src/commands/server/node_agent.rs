@@ -85,7 +85,7 @@ pub struct NodeFlags {
     pub sandbox_allow_cidrs: Vec<String>,
     /// Host uids (= gids) of bubblewrap sandboxes when the node agent runs as root,
     /// FIRST-LAST: two per workspace (its processes, its secret holders).
-    #[arg(long, env = "BERTH_SANDBOX_UID_RANGE", default_value = "200000-265535", value_parser = UidRange::parse)]
+    #[arg(long, env = "BERTH_SANDBOX_UID_RANGE", default_value = "1879048192-1879113727", value_parser = UidRange::parse)]
     pub sandbox_uid_range: UidRange,
     /// Per-workspace cgroups of bubblewrap sandboxes (memory, CPU, pids): auto (when root
     /// and writable; else per-process rlimits, with a warning), required, or off.
