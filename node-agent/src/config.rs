@@ -7,6 +7,8 @@ use std::time::Duration;
 use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 
+pub use berth_backend_bubblewrap::{BubblewrapConfig, CgroupPolicy, UidRange};
+
 #[derive(Clone, Debug)]
 pub struct NodeAgentConfig {
     pub node_id: String,
@@ -50,6 +52,12 @@ pub struct NodeAgentConfig {
     /// Node-wide bytes of exec output buffered at once by unary execs
     /// (`--exec-output-budget-bytes`); an exec that cannot reserve its share is refused.
     pub exec_output_budget_bytes: u64,
+    /// Ranges networked sandboxes (bubblewrap, Docker) may reach although the default
+    /// policy blocks them (`--sandbox-allow-cidr`; see `berth_backend_host::netns`).
+    pub sandbox_allow_cidrs: Vec<berth_backend_host::netns::Cidr>,
+    /// Settings of the `bubblewrap` driver (used when it is offered), e.g. the range of
+    /// host uids its workspaces get (`--sandbox-uid-range`).
+    pub bubblewrap: BubblewrapConfig,
 }
 
 /// Default of [`NodeAgentConfig::exec_output_budget_bytes`]: two unary execs at the
@@ -79,6 +87,8 @@ impl NodeAgentConfig {
             max_execs_per_workspace: 32,
             limits: crate::limits::NodeLimits::default(),
             exec_output_budget_bytes: DEFAULT_EXEC_OUTPUT_BUDGET_BYTES,
+            sandbox_allow_cidrs: Vec::new(),
+            bubblewrap: BubblewrapConfig::default(),
         }
     }
 
@@ -113,6 +123,14 @@ impl NodeAgentConfig {
         }
         if self.max_execs_per_workspace == 0 {
             return Err("max execs per workspace must be at least 1".into());
+        }
+        if self.backends.iter().any(|name| name == "bubblewrap") {
+            self.bubblewrap.validate().map_err(|error| error.to_string())?;
+        }
+        if let Some(cidr) = self.sandbox_allow_cidrs.iter().find(|cidr| !cidr.is_ipv4()) {
+            return Err(format!(
+                "--sandbox-allow-cidr {cidr}: sandboxes have IPv4 only, an IPv6 range would open nothing"
+            ));
         }
         Ok(())
     }
@@ -157,7 +175,51 @@ impl NodeAgentConfig {
         ))
     }
 
+    /// Network policy of this node's sandboxes; namespace state lives under the data dir
+    /// (unique per node, so two agents on one host never touch each other's).
+    pub fn sandbox_network(&self) -> berth_backend_host::netns::SandboxNetConfig {
+        berth_backend_host::netns::SandboxNetConfig {
+            allow: self.sandbox_allow_cidrs.clone(),
+            state_dir: self.data_dir.join("netns"),
+            ..Default::default()
+        }
+    }
+
     pub fn default_backend(&self) -> &str {
         self.backends.first().map(String::as_str).unwrap_or("local")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_allow_cidrs_reach_both_sandbox_backends_ipv4_only() {
+        let mut config = NodeAgentConfig::new("node-1", "/data/node-1");
+        config.control_planes = vec!["http://127.0.0.1:7070".into()];
+        config.allow_unsandboxed = true;
+        config.sandbox_allow_cidrs = vec!["10.1.0.0/16".parse().unwrap()];
+        config.validate().unwrap();
+        let network = config.sandbox_network();
+        assert_eq!(network.allow, config.sandbox_allow_cidrs);
+        assert_eq!(network.state_dir, PathBuf::from("/data/node-1/netns"));
+        config.sandbox_allow_cidrs.push("fd00::/8".parse().unwrap());
+        assert!(config.validate().unwrap_err().contains("IPv4 only"));
+    }
+
+    #[test]
+    fn local_needs_the_switch_and_is_never_the_default_next_to_a_sandbox() {
+        let mut config = NodeAgentConfig::new("node-1", "/data/node-1");
+        config.control_planes = vec!["http://127.0.0.1:7070".into()];
+        assert!(config.validate().unwrap_err().contains("--allow-unsandboxed"), "local by default needs the switch");
+        config.backends = vec!["bubblewrap".into(), "local".into()];
+        assert!(config.validate().unwrap_err().contains("--allow-unsandboxed"));
+        config.allow_unsandboxed = true;
+        config.validate().unwrap();
+        config.backends = vec!["local".into(), "bubblewrap".into()];
+        assert!(config.validate().unwrap_err().contains("may not be the default"));
+        config.backends = vec!["local".into()];
+        config.validate().unwrap();
     }
 }

@@ -27,10 +27,16 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
                 );
                 Arc::new(LocalDriver::new())
             }
-            "bubblewrap" => Arc::new(BubblewrapDriver::new(BubblewrapConfig::default()).await?),
+            "bubblewrap" => {
+                let bubblewrap = BubblewrapConfig { network: config.sandbox_network(), ..config.bubblewrap.clone() };
+                Arc::new(BubblewrapDriver::new(bubblewrap).await?)
+            }
             "docker" => {
-                let docker =
-                    DockerConfig { default_image: config.docker_image.clone(), ..DockerConfig::new(&config.node_id) };
+                let docker = DockerConfig {
+                    default_image: config.docker_image.clone(),
+                    network: config.sandbox_network(),
+                    ..DockerConfig::new(&config.node_id)
+                };
                 Arc::new(DockerDriver::connect(docker).await?)
             }
             other => {

@@ -44,6 +44,7 @@ pub mod escape;
 pub mod exec;
 pub mod files;
 pub mod mcp_fixture;
+pub mod netns;
 pub mod tar_corpus;
 pub mod wait;
 

@@ -2,67 +2,87 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use nix::unistd::Pid;
-use tokio::process::Command;
 
+use super::cgroup::WorkspaceCgroup;
+use super::config::BubblewrapConfig;
+use super::holder::{self, HolderContext};
+use super::identity::WorkspaceUsers;
+use super::launch::{DEFAULT_PATH, Launcher};
+use super::network::SandboxNetns;
 use super::process::{LiveProcesses, SandboxProcess};
 use super::program::{self, SandboxView};
-use super::sandbox::MountTable;
 use berth_backend_host::hostfs::HostFs;
-use berth_workspace::backend::{Backend, ByteStream, FileInfo, SpawnSpec, Spawned, WriteOptions};
+use berth_workspace::backend::{Backend, ByteStream, FileInfo, SpawnRole, SpawnSpec, Spawned, WriteOptions};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
 
-/// `PATH` of every sandboxed process unless the workspace or the exec sets its own.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// How to start the sandboxes of one workspace; shared by the driver's backends.
-#[derive(Debug)]
-pub(super) struct Launcher {
-    pub setsid_path: PathBuf,
-    pub bwrap_path: PathBuf,
-    pub prlimit_path: PathBuf,
-    /// Host uid/gid to switch to before exec (`None`: stay the agent's user).
-    pub run_as: Option<(u32, u32)>,
-    pub table: Arc<MountTable>,
-    pub workspace_dir: String,
-}
-
 /// One workspace on the bubblewrap backend.
 ///
-/// Files go through [`HostFs`] on the host directory (owned by the sandbox user). Each
-/// spawn is a fresh sandbox: own pid, mount, network, ipc, uts and user namespaces; the
-/// workspace read-write at `workspace_dir`, system dirs read-only, a private `/tmp`. What a
-/// process leaves running in the background dies with the exec's main process, and
-/// nothing but the workspace's files carries over from one exec to the next.
+/// Files go through [`HostFs`] on the host directory (owned by the workspace's agent uid).
+/// Each spawn is a fresh sandbox: own pid, mount, network, ipc, uts and user namespaces;
+/// the workspace read-write at `workspace_dir`, system dirs read-only, a private `/tmp`.
+/// What a process leaves running in the background dies with the exec's main process, and
+/// nothing but the workspace's files carries over from one exec to the next. Secret
+/// holders run apart ([`super::holder`]).
 #[derive(Debug)]
 pub struct BubblewrapBackend {
     files: HostFs,
     launcher: Arc<Launcher>,
+    config: Arc<BubblewrapConfig>,
+    /// Host users of this workspace (`None`: the node agent is not root, everything runs
+    /// as its user).
+    users: Option<WorkspaceUsers>,
     /// bwrap options of this workspace up to `--chdir` (built once at provision).
     sandbox_args: Vec<OsString>,
+    network: bool,
+    /// The workspace's own network namespace (`spec.network`), joined by every sandbox.
+    netns: Option<SandboxNetns>,
     /// prlimit options of this workspace (empty: prlimit is not run).
     limit_args: Vec<String>,
     /// The workspace spec's env: between the defaults and an exec's own env.
     base_env: BTreeMap<String, String>,
+    /// The workspace's cgroup (`None`: rlimits only), joined by every sandbox.
+    cgroup: Option<WorkspaceCgroup>,
     live: Arc<LiveProcesses>,
 }
 
+/// What [`BubblewrapBackend::new`] is built from (provision's result).
+pub(super) struct BackendParts {
+    pub files: HostFs,
+    pub launcher: Arc<Launcher>,
+    pub config: Arc<BubblewrapConfig>,
+    pub users: Option<WorkspaceUsers>,
+    pub sandbox_args: Vec<OsString>,
+    pub network: bool,
+    pub netns: Option<SandboxNetns>,
+    pub limit_args: Vec<String>,
+    pub base_env: BTreeMap<String, String>,
+    pub cgroup: Option<WorkspaceCgroup>,
+}
+
 impl BubblewrapBackend {
-    pub(super) fn new(
-        files: HostFs,
-        launcher: Arc<Launcher>,
-        sandbox_args: Vec<OsString>,
-        limit_args: Vec<String>,
-        base_env: BTreeMap<String, String>,
-    ) -> Self {
-        Self { files, launcher, sandbox_args, limit_args, base_env, live: Arc::new(LiveProcesses::default()) }
+    pub(super) fn new(parts: BackendParts) -> Self {
+        let BackendParts { files, launcher, config, users, sandbox_args, network, netns, limit_args, base_env, cgroup } =
+            parts;
+        Self {
+            files,
+            launcher,
+            config,
+            users,
+            sandbox_args,
+            network,
+            netns,
+            limit_args,
+            base_env,
+            cgroup,
+            live: Arc::new(LiveProcesses::default()),
+        }
     }
 
     pub fn host_fs(&self) -> &HostFs {
@@ -72,6 +92,25 @@ impl BubblewrapBackend {
     /// The workspace root's physical host path.
     pub fn root(&self) -> &Path {
         self.files.host_root()
+    }
+
+    /// The host users this workspace's sandboxes run as (`None`: the node agent's own).
+    pub fn users(&self) -> Option<WorkspaceUsers> {
+        self.users
+    }
+
+    /// The workspace's cgroup, when the driver uses cgroups.
+    pub fn cgroup(&self) -> Option<&WorkspaceCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// The cgroup every sandbox joins, re-created if a release removed it while this
+    /// handle lived on.
+    fn joined_cgroup(&self) -> Result<Option<&WorkspaceCgroup>> {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.ensure()?;
+        }
+        Ok(self.cgroup.as_ref())
     }
 
     /// Sandboxes of this workspace still running.
@@ -96,11 +135,10 @@ impl BubblewrapBackend {
         env
     }
 
-    /// The full command line after `setsid`: bwrap, its options, prlimit, argv.
-    fn command_line(&self, spec: &SpawnSpec) -> Vec<OsString> {
+    /// bwrap's command line after its `--args`: its options, prlimit, argv.
+    fn bwrap_line(&self, spec: &SpawnSpec) -> Vec<OsString> {
         let launcher = &self.launcher;
         let mut line = Vec::with_capacity(self.sandbox_args.len() + spec.argv.len() + 12);
-        line.push(launcher.bwrap_path.clone().into_os_string());
         line.extend(self.sandbox_args.iter().cloned());
         line.push("--chdir".into());
         line.push(spec.cwd.under(&launcher.workspace_dir).into());
@@ -113,21 +151,8 @@ impl BubblewrapBackend {
         line.extend(spec.argv.iter().map(OsString::from));
         line
     }
-}
 
-#[async_trait]
-impl Backend for BubblewrapBackend {
-    fn name(&self) -> &'static str {
-        "bubblewrap"
-    }
-
-    /// Starts `argv` in a fresh sandbox of this workspace.
-    ///
-    /// Must be called from a thread that outlives the process (any runtime worker does):
-    /// bwrap's `--die-with-parent` is `PR_SET_PDEATHSIG`, which fires when the *thread*
-    /// that spawned it exits — e.g. an idle `spawn_blocking` thread.
-    async fn spawn(&self, spec: &SpawnSpec) -> Result<Spawned> {
-        spec.validate()?;
+    async fn spawn_agent(&self, spec: &SpawnSpec) -> Result<Spawned> {
         // Refuses a cwd that is missing, not a directory or leads out of the root with the
         // same errors as every host backend. The sandbox then resolves the same path in its
         // own view, where a symlink swapped in meanwhile can only reach sandbox paths.
@@ -141,27 +166,48 @@ impl Backend for BubblewrapBackend {
         };
         let search_path = env.get("PATH").map(String::as_str).unwrap_or_default();
         program::ensure_exists(&view, program, search_path, &spec.cwd).await?;
+        let mut line =
+            self.launcher.host_chain(self.users.map(|users| users.agent), self.joined_cgroup()?, &self.net_prefix());
+        line.extend(self.bwrap_line(spec));
+        self.start(line, &env, None)
+    }
 
-        let mut command = Command::new(&self.launcher.setsid_path);
-        command
-            .args(self.command_line(spec))
-            // The env goes to bwrap, which passes it on: not `--setenv`, so values stay out
-            // of the command line that every host user can read in /proc.
-            .env_clear()
-            .envs(&env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // SandboxProcess kills the whole group itself; tokio would only reach bwrap.
-            .kill_on_drop(false);
-        if let Some((uid, gid)) = self.launcher.run_as {
-            // std drops supplementary groups too when root switches uid.
-            command.uid(uid).gid(gid);
-        }
-        let mut child = command.spawn().map_err(|error| WorkspaceError::BackendUnavailable {
-            backend: "bubblewrap",
-            reason: format!("cannot start {}: {error}", self.launcher.setsid_path.display()),
-        })?;
+    async fn spawn_holder(&self, spec: &SpawnSpec) -> Result<Spawned> {
+        let Some(users) = self.users else {
+            return Err(WorkspaceError::BackendUnavailable {
+                backend: "bubblewrap",
+                reason: "a secret holder needs a host uid of its own, which only a node agent running as root \
+                         can give"
+                    .into(),
+            });
+        };
+        let context = HolderContext {
+            config: &self.config,
+            table: &self.launcher.table,
+            files: &self.files,
+            network: self.network,
+            prlimit_path: &self.launcher.prlimit_path,
+            limit_args: &self.limit_args,
+        };
+        let launch = holder::prepare(&context, spec).await?;
+        let mut line = self.launcher.host_chain(Some(users.holder), self.joined_cgroup()?, &self.net_prefix());
+        line.extend(launch.bwrap_line);
+        self.start(line, &launch.env, launch.program_copy)
+    }
+
+    /// The host programs that join the workspace's network namespace (empty without
+    /// network); they need root, so the chain runs them before its `setpriv`.
+    fn net_prefix(&self) -> Vec<OsString> {
+        self.netns.as_ref().map(SandboxNetns::host_prefix).unwrap_or_default()
+    }
+
+    fn start(
+        &self,
+        line: Vec<OsString>,
+        env: &BTreeMap<String, String>,
+        program_copy: Option<tempfile::TempDir>,
+    ) -> Result<Spawned> {
+        let mut child = self.launcher.start(line, env)?;
         let missing_pipe =
             || WorkspaceError::Backend { backend: "bubblewrap", message: "spawned sandbox has no piped stdio".into() };
         let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) =
@@ -174,8 +220,39 @@ impl Backend for BubblewrapBackend {
             stdin: Box::pin(stdin),
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
-            control: Box::new(SandboxProcess::new(child, group, self.live.clone())),
+            control: Box::new(SandboxProcess::new(child, group, self.live.clone()).keeping(program_copy)),
         })
+    }
+}
+
+impl Drop for BubblewrapBackend {
+    /// The last handle of a workspace that was never released (a test, a driver going
+    /// away) takes its empty cgroup with it.
+    fn drop(&mut self) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.remove_if_empty();
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for BubblewrapBackend {
+    fn name(&self) -> &'static str {
+        "bubblewrap"
+    }
+
+    /// Starts `argv` in a fresh sandbox of this workspace, as its agent or as a secret
+    /// holder ([`super::holder`]).
+    ///
+    /// Must be called from a thread that outlives the process (any runtime worker does):
+    /// bwrap's `--die-with-parent` is `PR_SET_PDEATHSIG`, which fires when the *thread*
+    /// that spawned it exits — e.g. an idle `spawn_blocking` thread.
+    async fn spawn(&self, spec: &SpawnSpec) -> Result<Spawned> {
+        spec.validate()?;
+        match spec.role {
+            SpawnRole::Agent => self.spawn_agent(spec).await,
+            SpawnRole::SecretHolder => self.spawn_holder(spec).await,
+        }
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<ByteStream> {

@@ -2,16 +2,16 @@
 
 use std::path::PathBuf;
 
+use super::cgroup::CgroupPolicy;
+use super::identity::{DEFAULT_UID_RANGE, UidRange};
+use berth_backend_host::netns::SandboxNetConfig;
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::spec::WorkspaceSpec;
 
 /// Where processes see the workspace root unless configured otherwise.
 pub const DEFAULT_WORKSPACE_DIR: &str = "/workspace";
-/// Host uid/gid sandboxes run as when the node agent is root: `nobody`.
-pub const DEFAULT_SANDBOX_ID: u32 = 65534;
 /// The uid/gid a process sees for itself inside the sandbox. Not 65534: in a user namespace
-/// every unmapped host owner shows as the overflow id 65534, so a sandbox user that is
-/// itself 65534 would appear to own `/usr`.
+/// every unmapped host owner shows as the overflow id 65534.
 pub const SANDBOX_INNER_ID: u32 = 1000;
 /// Size of the private `/tmp` and `/dev/shm` of one exec (each).
 pub const DEFAULT_TMP_SIZE_BYTES: u64 = 512 * 1024 * 1024;
@@ -67,12 +67,14 @@ pub struct BubblewrapConfig {
     pub prlimit_path: PathBuf,
     /// util-linux `setsid`, run on the host in front of `bwrap` (see the module docs).
     pub setsid_path: PathBuf,
-    /// Host uid and gid sandboxes run as when the node agent runs as root. Never 0:
-    /// `RLIMIT_NPROC` is not enforced for host uid 0, and a root-owned sandbox could read
-    /// root-only files in the mounted system dirs. Ignored when the agent is not root (the
-    /// sandbox then runs as the agent's own user).
-    pub sandbox_uid: u32,
-    pub sandbox_gid: u32,
+    /// util-linux `setpriv`, run on the host by root to drop to the workspace's uid right
+    /// before `bwrap` (see [`super::launch`]).
+    pub setpriv_path: PathBuf,
+    /// Host uids (and gids) of sandboxes when the node agent runs as root: two per
+    /// workspace ([`super::identity`]). Never 0: `RLIMIT_NPROC` is not enforced for host
+    /// uid 0, and a root-owned sandbox could read root-only files in the mounted system
+    /// dirs. Ignored when the agent is not root (sandboxes then run as the agent's user).
+    pub sandbox_uid_range: UidRange,
     /// Host directories bound read-only (see [`DEFAULT_SYSTEM_DIRS`]).
     pub system_dirs: Vec<PathBuf>,
     /// Names under the host `/etc` bound read-only (see [`DEFAULT_ETC_ENTRIES`]).
@@ -89,6 +91,12 @@ pub struct BubblewrapConfig {
     pub hostname: String,
     /// Limits used where a workspace spec says 0.
     pub default_limits: ResourceLimits,
+    /// Tools and address policy of networked workspaces (see [`super::network`]).
+    pub network: SandboxNetConfig,
+    /// Whether memory, CPU and process count are limited per workspace by a cgroup
+    /// ([`super::cgroup`]); without one, memory is `RLIMIT_AS` per process and CPU share
+    /// is not limited.
+    pub cgroups: CgroupPolicy,
 }
 
 impl Default for BubblewrapConfig {
@@ -97,8 +105,8 @@ impl Default for BubblewrapConfig {
             bwrap_path: PathBuf::from("/usr/bin/bwrap"),
             prlimit_path: PathBuf::from("/usr/bin/prlimit"),
             setsid_path: PathBuf::from("/usr/bin/setsid"),
-            sandbox_uid: DEFAULT_SANDBOX_ID,
-            sandbox_gid: DEFAULT_SANDBOX_ID,
+            setpriv_path: PathBuf::from("/usr/bin/setpriv"),
+            sandbox_uid_range: DEFAULT_UID_RANGE,
             system_dirs: DEFAULT_SYSTEM_DIRS.iter().map(PathBuf::from).collect(),
             etc_entries: DEFAULT_ETC_ENTRIES.iter().map(|entry| (*entry).to_owned()).collect(),
             workspace_dir: DEFAULT_WORKSPACE_DIR.to_owned(),
@@ -106,6 +114,8 @@ impl Default for BubblewrapConfig {
             tmp_size_bytes: DEFAULT_TMP_SIZE_BYTES,
             hostname: "workspace".to_owned(),
             default_limits: ResourceLimits::default(),
+            network: SandboxNetConfig::default(),
+            cgroups: CgroupPolicy::default(),
         }
     }
 }
@@ -177,9 +187,7 @@ impl BubblewrapConfig {
     /// Checks what can be checked without touching the host.
     pub fn validate(&self) -> Result<()> {
         let invalid = |reason: String| WorkspaceError::InvalidArgument(format!("bubblewrap config: {reason}"));
-        if self.sandbox_uid == 0 || self.sandbox_gid == 0 {
-            return Err(invalid("sandbox_uid and sandbox_gid must not be 0 (root is exempt from RLIMIT_NPROC)".into()));
-        }
+        self.sandbox_uid_range.validate().map_err(invalid)?;
         if !is_clean_absolute(&self.workspace_dir) || self.workspace_dir == "/" {
             return Err(invalid(format!(
                 "workspace_dir {:?} must be an absolute path below /, without . or ..",
@@ -246,7 +254,7 @@ mod tests {
     fn validation() {
         BubblewrapConfig::default().validate().unwrap();
         for broken in [
-            BubblewrapConfig { sandbox_uid: 0, ..BubblewrapConfig::default() },
+            BubblewrapConfig { sandbox_uid_range: UidRange { first: 0, last: 9 }, ..BubblewrapConfig::default() },
             BubblewrapConfig { workspace_dir: "/a/../b".into(), ..BubblewrapConfig::default() },
             BubblewrapConfig { workspace_dir: "/".into(), ..BubblewrapConfig::default() },
             BubblewrapConfig { etc_entries: vec!["../shadow".into()], ..BubblewrapConfig::default() },

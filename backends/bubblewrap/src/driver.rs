@@ -1,19 +1,22 @@
 //! [`BubblewrapDriver`]: checks the host once, then hands out [`BubblewrapBackend`]s.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::process::Command;
 
-use super::backend::{BubblewrapBackend, Launcher};
+use super::backend::{BackendParts, BubblewrapBackend};
+use super::cgroup::{CgroupLimits, CgroupPolicy, Cgroups};
 use super::config::{BubblewrapConfig, SANDBOX_INNER_ID};
+use super::identity::{self, HostUser, UidRange};
+use super::launch::Launcher;
+use super::network::{self, SandboxNetns};
 use super::ownership;
 use super::sandbox::{self, MountTable, WorkspaceMounts};
 use berth_backend_host::hostfs::HostFs;
+use berth_backend_host::netns::{Attach, SandboxNetworks};
 use berth_workspace::backend::BackendRef;
 use berth_workspace::driver::{BackendDriver, ProvisionContext};
 use berth_workspace::error::{Result, WorkspaceError};
@@ -23,6 +26,8 @@ use berth_workspace::id::WorkspaceId;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Most bytes of the probe's stderr quoted in an error.
 const PROBE_STDERR_BYTES: usize = 2000;
+/// How long release / destroy wait for a workspace's killed processes to leave its cgroup.
+const CGROUP_REMOVE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Hands out sandboxes. There is no long-lived runtime per workspace: every exec is its
 /// own bwrap, so provisioning only prepares the root and builds the handle, and release /
@@ -30,9 +35,16 @@ const PROBE_STDERR_BYTES: usize = 2000;
 /// still holding one can keep using it).
 #[derive(Debug)]
 pub struct BubblewrapDriver {
-    config: BubblewrapConfig,
+    config: Arc<BubblewrapConfig>,
     launcher: Arc<Launcher>,
+    /// Uids to give workspaces when the node agent is root (`None`: it is not, and every
+    /// sandbox runs as its user).
+    uid_range: Option<UidRange>,
+    /// Per-workspace cgroups (`None`: rlimits only).
+    cgroups: Option<Cgroups>,
     backends: Mutex<HashMap<WorkspaceId, (PathBuf, Arc<BubblewrapBackend>)>>,
+    /// Network namespaces of networked workspaces (see [`network`]).
+    networks: SandboxNetworks,
 }
 
 impl BubblewrapDriver {
@@ -40,8 +52,8 @@ impl BubblewrapDriver {
     /// user, with the real mounts and limits) to prove that bubblewrap works here.
     ///
     /// Errors: `InvalidArgument` for a bad config; `BackendUnavailable` naming what is
-    /// missing — a binary (`bwrap`, `setsid`, `prlimit`), user namespaces, or permission
-    /// to switch to the sandbox user.
+    /// missing — a binary (`bwrap`, `setsid`, `setpriv`, `prlimit`), user namespaces, or
+    /// permission to switch to a sandbox uid.
     pub async fn new(config: BubblewrapConfig) -> Result<Self> {
         config.validate()?;
         let inspected = config.clone();
@@ -49,6 +61,7 @@ impl BubblewrapDriver {
             for (what, path, package) in [
                 ("bwrap", &inspected.bwrap_path, "bubblewrap"),
                 ("setsid", &inspected.setsid_path, "util-linux"),
+                ("setpriv", &inspected.setpriv_path, "util-linux"),
                 ("prlimit", &inspected.prlimit_path, "util-linux"),
             ] {
                 if !is_executable(path) {
@@ -58,22 +71,35 @@ impl BubblewrapDriver {
                     )));
                 }
             }
+            super::holder::sweep_stale_copies();
             MountTable::inspect(&inspected)
         })
         .await
         .map_err(|error| unavailable(format!("host inspection task failed: {error}")))??;
-        // Root switches to the sandbox user; anyone else already is unprivileged and runs
-        // sandboxes as itself (RLIMIT_NPROC then counts per sandbox just the same).
-        let run_as = nix::unistd::geteuid().is_root().then_some((config.sandbox_uid, config.sandbox_gid));
+        // Root gives each workspace uids of its own; anyone else already is unprivileged and
+        // runs sandboxes as itself (RLIMIT_NPROC then counts per sandbox just the same).
+        let uid_range = nix::unistd::geteuid().is_root().then_some(config.sandbox_uid_range);
+        if let Some(range) = uid_range {
+            identity::check_against_host(range).map_err(unavailable)?;
+        }
         let launcher = Arc::new(Launcher {
             setsid_path: config.setsid_path.clone(),
+            setpriv_path: config.setpriv_path.clone(),
             bwrap_path: config.bwrap_path.clone(),
             prlimit_path: config.prlimit_path.clone(),
-            run_as,
             table: Arc::new(table),
             workspace_dir: config.workspace_dir.clone(),
         });
-        let driver = Self { config, launcher, backends: Mutex::new(HashMap::new()) };
+        let cgroups = detect_cgroups(config.cgroups, uid_range.is_some()).await?;
+        let networks = SandboxNetworks::new(config.network.clone(), "bubblewrap");
+        let driver = Self {
+            config: Arc::new(config),
+            launcher,
+            uid_range,
+            cgroups,
+            backends: Mutex::new(HashMap::new()),
+            networks,
+        };
         driver.probe().await?;
         Ok(driver)
     }
@@ -82,42 +108,34 @@ impl BubblewrapDriver {
         &self.config
     }
 
-    /// Host uid/gid the sandboxes run as (`None`: the agent's own).
-    pub fn sandbox_user(&self) -> Option<(u32, u32)> {
-        self.launcher.run_as
+    /// The range workspace uids come from (`None`: the agent is not root and sandboxes run
+    /// as its user).
+    pub fn uid_range(&self) -> Option<UidRange> {
+        self.uid_range
     }
 
-    /// Runs `prlimit <default limits> -- true` in a sandbox with every mount but the
-    /// workspace (an empty tmpfs stands in for it).
+    /// Runs `prlimit <default limits> -- true` through the real host chain (as the first
+    /// uid of the range) in a sandbox with every mount but the workspace (an empty tmpfs
+    /// stands in for it).
     async fn probe(&self) -> Result<()> {
-        let mut args = vec![self.config.bwrap_path.clone().into_os_string()];
+        let probe_user: Option<HostUser> = self.uid_range.map(|range| range.first_users().agent);
+        let mut args = self.launcher.host_chain(probe_user, None, &[]);
         args.extend(sandbox::bwrap_args(
             &self.config,
             &self.launcher.table,
-            &WorkspaceMounts { root: None, network: false },
+            &WorkspaceMounts { root: None, dir: &self.config.workspace_dir, read_only_files: &[], network: false },
         ));
         args.push("--".into());
         args.push(self.config.prlimit_path.clone().into_os_string());
         args.extend(self.config.default_limits.prlimit_args().into_iter().map(Into::into));
         args.push("--".into());
         args.push("true".into());
-        let mut command = Command::new(&self.config.setsid_path);
-        command
-            .args(&args)
-            .env_clear()
-            .env("PATH", super::backend::DEFAULT_PATH)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        if let Some((uid, gid)) = self.launcher.run_as {
-            command.uid(uid).gid(gid);
-        }
-        let who = match self.launcher.run_as {
-            Some((uid, gid)) => format!("as uid {uid}:{gid}"),
+        let who = match probe_user {
+            Some(user) => format!("as uid {}:{}", user.uid, user.gid),
             None => "as the agent's user".to_owned(),
         };
-        let output = tokio::time::timeout(PROBE_TIMEOUT, command.output())
+        let child = self.launcher.start(args, &BTreeMap::new())?;
+        let output = tokio::time::timeout(PROBE_TIMEOUT, child.wait_with_output())
             .await
             .map_err(|_| unavailable(format!("the probe sandbox did not finish within {PROBE_TIMEOUT:?}")))?
             .map_err(|error| unavailable(format!("cannot run the probe sandbox {who}: {error}")))?;
@@ -146,15 +164,83 @@ impl BubblewrapDriver {
         self.backends.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn forget_and_kill(&self, workspace_id: &WorkspaceId) {
+    /// Whether workspaces get cgroups ("v1" / "v2"), `None` when they do not.
+    pub fn cgroup_version(&self) -> Option<&'static str> {
+        self.cgroups.as_ref().map(Cgroups::version)
+    }
+
+    /// Forgets the handle, kills what runs, removes the cgroup and the workspace's network
+    /// namespace (found by its owner record, so that goes after an agent restart too).
+    async fn forget_and_kill(&self, workspace_id: &WorkspaceId) -> Result<()> {
         let removed = self.lock().remove(workspace_id);
         if let Some((_, backend)) = removed {
             let killed = backend.kill_all();
             if killed > 0 {
                 tracing::info!(ws_id = %workspace_id, killed, "killed running sandboxes");
             }
+            if let Some(cgroup) = backend.cgroup().cloned() {
+                tokio::task::spawn_blocking(move || cgroup.remove(CGROUP_REMOVE_PATIENCE))
+                    .await
+                    .map_err(|error| unavailable(format!("cgroup removal task failed: {error}")))??;
+            }
+        }
+        self.networks.remove_owned(workspace_id.as_str()).await
+    }
+
+    /// The network namespace sandboxes of this workspace run in (`None`: no network).
+    async fn network_for(&self, context: &ProvisionContext<'_>) -> Result<Option<SandboxNetns>> {
+        if !context.spec.network {
+            return Ok(None);
+        }
+        let name = network::netns_name(context.root);
+        let path = self.networks.ensure(&name, context.workspace_id.as_str(), Attach::Fresh).await?;
+        tracing::debug!(ws_id = %context.workspace_id, netns = %path.display(), "sandbox network ready");
+        Ok(Some(SandboxNetns { nsenter_path: self.config.network.nsenter_path.clone(), path }))
+    }
+
+    /// The driver's namespaces (tests look at pasta and the rules through it).
+    pub fn networks(&self) -> &SandboxNetworks {
+        &self.networks
+    }
+}
+
+/// The cgroups the policy asks for: only a root agent sets them up; `Auto` falls back to
+/// rlimits (with a warning) when they are not usable, `Required` refuses to start.
+async fn detect_cgroups(policy: CgroupPolicy, is_root: bool) -> Result<Option<Cgroups>> {
+    if policy == CgroupPolicy::Off {
+        return Ok(None);
+    }
+    let detected = if is_root {
+        tokio::task::spawn_blocking(Cgroups::detect)
+            .await
+            .map_err(|error| unavailable(format!("cgroup detection task failed: {error}")))?
+    } else {
+        Err(super::cgroup::CgroupError::Unavailable { reason: "the node agent is not root".into() })
+    };
+    match (detected, policy) {
+        (Ok(cgroups), _) => {
+            tracing::info!(version = cgroups.version(), "bubblewrap workspaces get cgroups");
+            Ok(Some(cgroups))
+        }
+        (Err(error), CgroupPolicy::Required) => Err(error.into()),
+        (Err(error), _) => {
+            tracing::warn!(
+                %error,
+                "bubblewrap workspaces get no cgroup: memory is limited per process (RLIMIT_AS), CPU not at all"
+            );
+            Ok(None)
         }
     }
+}
+
+/// The cgroup directory name of a workspace: its id and a digest of its root, so two
+/// drivers (two agents, or tests) using the same id on one host never share a cgroup, and
+/// a restarted agent finds its own again.
+fn cgroup_name(workspace_id: &WorkspaceId, root: &Path) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(root.as_os_str().as_encoded_bytes());
+    let short: String = digest.iter().take(6).map(|byte| format!("{byte:02x}")).collect();
+    format!("{}.{short}", workspace_id.as_str())
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -178,13 +264,11 @@ impl BackendDriver for BubblewrapDriver {
     }
 
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
+        self.forget_and_kill(workspace_id).await
     }
 
     async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        self.forget_and_kill(workspace_id);
-        Ok(())
+        self.forget_and_kill(workspace_id).await
     }
 }
 
@@ -202,41 +286,74 @@ impl BubblewrapDriver {
         {
             return Ok(backend.clone());
         }
-        if context.spec.image.is_some() || context.spec.cpu_millis > 0 {
-            tracing::warn!(
-                ws_id = %context.workspace_id,
-                "the bubblewrap backend runs host binaries and sets no CPU share; ignoring image and cpu_millis"
-            );
+        if context.spec.image.is_some() {
+            tracing::warn!(ws_id = %context.workspace_id, "the bubblewrap backend runs host binaries; ignoring image");
+        }
+        if context.spec.cpu_millis > 0 && self.cgroups.is_none() {
+            tracing::warn!(ws_id = %context.workspace_id, "no cgroups: ignoring cpu_millis");
         }
         let root = context.root.to_path_buf();
-        let run_as = self.launcher.run_as;
+        let uid_range = self.uid_range;
         let opened_root = root.clone();
-        let files = tokio::task::spawn_blocking(move || -> Result<HostFs> {
+        let (files, users) = tokio::task::spawn_blocking(move || -> Result<_> {
             let files = HostFs::open(&opened_root)?;
-            if let Some((uid, gid)) = run_as {
-                ownership::check_reachable(files.host_root(), uid, gid)?;
-                let changed = ownership::hand_over(files.host_root(), uid, gid)?;
-                if changed > 0 {
-                    tracing::debug!(root = %files.host_root().display(), changed, "workspace handed to the sandbox user");
-                }
+            let Some(range) = uid_range else {
+                return Ok((files, None));
+            };
+            let users = identity::allocate(files.host_root(), range)?;
+            let (uid, gid) = (users.agent.uid, users.agent.gid);
+            ownership::check_reachable(files.host_root(), uid, gid)?;
+            let changed = ownership::hand_over(files.host_root(), uid, gid)?;
+            if changed > 0 {
+                tracing::debug!(root = %files.host_root().display(), changed, uid, "workspace handed to its uid");
             }
-            Ok(files.with_owner(run_as))
+            Ok((files.with_owner(Some((uid, gid))), Some(users)))
         })
         .await
         .map_err(|error| unavailable(format!("preparing the workspace root failed: {error}")))??;
         let sandbox_args = sandbox::bwrap_args(
             &self.config,
             &self.launcher.table,
-            &WorkspaceMounts { root: Some(files.host_root()), network: context.spec.network },
+            &WorkspaceMounts {
+                root: Some(files.host_root()),
+                dir: &self.config.workspace_dir,
+                read_only_files: &[],
+                network: context.spec.network,
+            },
         );
-        let limits = self.config.default_limits.for_spec(context.spec);
-        let backend = Arc::new(BubblewrapBackend::new(
+        let mut limits = self.config.default_limits.for_spec(context.spec);
+        let cgroup = match &self.cgroups {
+            Some(cgroups) => {
+                let cgroup_limits = CgroupLimits {
+                    memory_bytes: limits.memory_bytes,
+                    cpu_millis: (context.spec.cpu_millis > 0).then_some(context.spec.cpu_millis),
+                    pids: limits.pids,
+                };
+                // Memory is the workspace's, in the cgroup: no RLIMIT_AS on top (it breaks
+                // runtimes that reserve address space, and counts nothing shared).
+                limits.memory_bytes = None;
+                let cgroup = cgroups.workspace(&cgroup_name(context.workspace_id, &root), cgroup_limits);
+                let created = cgroup.clone();
+                tokio::task::spawn_blocking(move || created.ensure())
+                    .await
+                    .map_err(|error| unavailable(format!("cgroup task failed: {error}")))??;
+                Some(cgroup)
+            }
+            None => None,
+        };
+        let netns = self.network_for(&context).await?;
+        let backend = Arc::new(BubblewrapBackend::new(BackendParts {
+            netns,
             files,
-            self.launcher.clone(),
+            launcher: self.launcher.clone(),
+            config: self.config.clone(),
+            users,
             sandbox_args,
-            limits.prlimit_args(),
-            context.spec.env.clone(),
-        ));
+            network: context.spec.network,
+            limit_args: limits.prlimit_args(),
+            base_env: context.spec.env.clone(),
+            cgroup,
+        }));
         // Two racing provisions both prepare the root; the later insert wins and both
         // handles serve the same directory, which keeps provision idempotent.
         self.lock().insert(context.workspace_id.clone(), (root, backend.clone()));

@@ -78,12 +78,21 @@ pub struct SandboxProcess {
     reaped: Option<ExitInfo>,
     live: Arc<LiveProcesses>,
     key: u64,
+    /// A host directory the sandbox binds (a secret holder's program copy), removed when
+    /// this handle goes.
+    _kept: Option<tempfile::TempDir>,
 }
 
 impl SandboxProcess {
     pub fn new(child: Child, group: Pid, live: Arc<LiveProcesses>) -> Self {
         let key = live.register(group);
-        Self { child, group, reaped: None, live, key }
+        Self { child, group, reaped: None, live, key, _kept: None }
+    }
+
+    /// Keeps `dir` until this handle is dropped.
+    pub fn keeping(mut self, dir: Option<tempfile::TempDir>) -> Self {
+        self._kept = dir;
+        self
     }
 }
 

@@ -101,11 +101,16 @@ pub fn is_under(path: &str, prefix: &str) -> bool {
     prefix == "/" || path == prefix || path.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('/'))
 }
 
-/// What varies between workspaces of one driver.
+/// What varies between workspaces of one driver (and between a workspace's agent
+/// processes and its secret holders).
 pub struct WorkspaceMounts<'a> {
-    /// Host directory of the workspace, bound read-write at `config.workspace_dir`;
-    /// `None` puts an empty tmpfs there (the driver's start-up probe).
+    /// Host directory of the workspace, bound read-write at `dir`; `None` puts an empty
+    /// tmpfs private to the exec there (the start-up probe, a secret holder's `HOME`).
     pub root: Option<&'a Path>,
+    /// Where `root` (or the tmpfs) is mounted: `config.workspace_dir` for the workspace.
+    pub dir: &'a str,
+    /// Host files bound read-only at a sandbox path (a secret holder's checked program).
+    pub read_only_files: &'a [(PathBuf, String)],
     pub network: bool,
 }
 
@@ -180,9 +185,15 @@ pub fn bwrap_args(config: &BubblewrapConfig, table: &MountTable, workspace: &Wor
             args.push("--bind".into());
             args.push(root.as_os_str().to_owned());
         }
-        None => args.push("--tmpfs".into()),
+        // Size-capped like /tmp: a holder's HOME is memory too.
+        None => push(&mut args, &["--size", &tmp_size, "--tmpfs"]),
     }
-    args.push(config.workspace_dir.clone().into());
+    args.push(workspace.dir.into());
+    for (host, sandbox) in workspace.read_only_files {
+        args.push("--ro-bind".into());
+        args.push(host.clone().into_os_string());
+        args.push(sandbox.into());
+    }
     push(&mut args, &["--remount-ro", "/"]);
     args
 }
@@ -213,14 +224,15 @@ mod tests {
             ],
         };
         let root = Path::new("/data/ws-1");
-        let args = bwrap_args(&config, &table, &WorkspaceMounts { root: Some(root), network: false });
+        let mounts = |network| WorkspaceMounts { root: Some(root), dir: "/workspace", read_only_files: &[], network };
+        let args = bwrap_args(&config, &table, &mounts(false));
         let joined = args.iter().map(|arg| arg.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
         assert!(joined.starts_with("--unshare-all --unshare-user --disable-userns --die-with-parent"), "{joined}");
         assert!(!joined.contains("--share-net"));
         assert!(!joined.contains("--new-session"));
         assert!(joined.contains("--ro-bind /usr /usr --symlink usr/bin /bin"), "{joined}");
         assert!(joined.ends_with("--bind /data/ws-1 /workspace --remount-ro /"), "{joined}");
-        let with_net = bwrap_args(&config, &table, &WorkspaceMounts { root: Some(root), network: true });
+        let with_net = bwrap_args(&config, &table, &mounts(true));
         assert!(with_net.iter().any(|arg| arg == "--share-net"));
     }
 }

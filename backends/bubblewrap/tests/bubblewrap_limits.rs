@@ -20,13 +20,49 @@ async fn memory_limit_is_enforced() {
     let sandbox = sandbox(WorkspaceSpec { memory_bytes: 64 * 1024 * 1024, ..WorkspaceSpec::default() }).await;
     let hog = sh(&*sandbox.backend, "dd if=/dev/zero of=/dev/null bs=256M count=1", &[]).await;
     assert_ne!(hog.exit_code, 0);
-    assert!(
-        String::from_utf8_lossy(&hog.stderr).contains("memory exhausted"),
-        "{:?}",
-        String::from_utf8_lossy(&hog.stderr)
-    );
+    // With a cgroup the kernel's OOM killer ends it (the shell reports "Killed"); with
+    // RLIMIT_AS only, the allocation itself fails.
+    let expected = if sandbox.driver.cgroup_version().is_some() { "Killed" } else { "memory exhausted" };
+    assert!(String::from_utf8_lossy(&hog.stderr).contains(expected), "{:?}", String::from_utf8_lossy(&hog.stderr));
     let modest = sh(&*sandbox.backend, "dd if=/dev/zero of=/dev/null bs=8M count=1", &[]).await;
     assert_eq!(modest.exit_code, 0, "{}", String::from_utf8_lossy(&modest.stderr));
+}
+
+/// Six processes that each hold 16 MB for two seconds, then say they survived: 96 MB in
+/// all, but each one far below a 64 MiB per-process limit.
+const SPREAD_BOMB: &str = "for i in 1 2 3 4 5 6; do (x=$(head -c 16000000 /dev/zero | tr '\\0' a); sleep 2; \
+                           echo survived$i) & done; wait";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_bomb_spread_over_processes_is_contained_by_the_workspace_cgroup() {
+    use berth_backend_bubblewrap::{BubblewrapConfig, CgroupPolicy};
+    const LIMIT: u64 = 64 * 1024 * 1024;
+    let spec = WorkspaceSpec { memory_bytes: LIMIT, ..WorkspaceSpec::default() };
+    // Per-process RLIMIT_AS alone: every process stays under it, so all six survive and the
+    // workspace holds half again its limit.
+    let rlimits_only = BubblewrapConfig { cgroups: CgroupPolicy::Off, ..BubblewrapConfig::default() };
+    let uncontained = bwrap_support::sandbox_with(rlimits_only, spec.clone()).await;
+    let output = sh(&*uncontained.backend, SPREAD_BOMB, &[]).await;
+    assert_eq!(String::from_utf8_lossy(&output.stdout).matches("survived").count(), 6, "{output:?}");
+
+    // With the workspace cgroup the OOM killer keeps the total under the limit.
+    let required = BubblewrapConfig { cgroups: CgroupPolicy::Required, ..BubblewrapConfig::default() };
+    let sandbox = bwrap_support::sandbox_with(required, spec).await;
+    let cgroup = sandbox.bubblewrap.cgroup().expect("a workspace cgroup").clone();
+    let output = sh(&*sandbox.backend, SPREAD_BOMB, &[]).await;
+    let survivors = String::from_utf8_lossy(&output.stdout).matches("survived").count();
+    assert!(survivors < 6, "all six held their memory: {output:?}");
+    let peak = cgroup.memory_peak_bytes().expect("the cgroup reports its peak");
+    assert!(peak <= LIMIT, "peak {peak} over the limit {LIMIT}");
+    eprintln!("spread bomb: {survivors} of 6 survived, cgroup peak {} MiB of {} MiB", peak >> 20, LIMIT >> 20);
+    // A single runaway process is killed outright, and the workspace goes on working.
+    let bomb = sh(&*sandbox.backend, "tail /dev/zero", &[]).await;
+    assert_eq!(bomb.signal, Some(nix::libc::SIGKILL), "{bomb:?}");
+    let after = sh(&*sandbox.backend, "echo fine", &[]).await;
+    assert_eq!(String::from_utf8_lossy(&after.stdout), "fine\n");
+    // Release removes the cgroup.
+    sandbox.driver.release(&sandbox.id).await.unwrap();
+    assert!(cgroup.procs_files().iter().all(|file| !file.exists()), "the cgroup outlived release");
 }
 
 /// Tries to start 100 background processes; dash aborts with "Cannot fork" at the limit.
@@ -47,12 +83,17 @@ async fn pids_limit_stops_a_fork_bomb() {
     let roomy = sandbox(WorkspaceSpec { pids: 200, ..WorkspaceSpec::default() }).await;
     let output = sh(&*roomy.backend, FORK_100, &[]).await;
     assert_eq!(String::from_utf8_lossy(&output.stdout), "reached 100\n", "{}", String::from_utf8_lossy(&output.stderr));
-    // The budget is per sandbox, not per host uid: two limited sandboxes at once both
-    // get their share.
-    let first = sh(&*limited.backend, "i=0; while [ $i -lt 20 ]; do sleep 2 & i=$((i+1)); done; wait; echo ok", &[]);
-    let second = sh(&*limited.backend, "i=0; while [ $i -lt 20 ]; do sleep 2 & i=$((i+1)); done; wait; echo ok", &[]);
-    let (first, second) = tokio::join!(first, second);
+    // The budget is per workspace, not per host: two limited workspaces at once both get
+    // their share.
+    let other = sandbox(WorkspaceSpec { pids: 32, ..WorkspaceSpec::default() }).await;
+    const FORK_20: &str = "i=0; while [ $i -lt 20 ]; do sleep 2 & i=$((i+1)); done; wait; echo ok";
+    let (first, second) = tokio::join!(sh(&*limited.backend, FORK_20, &[]), sh(&*other.backend, FORK_20, &[]));
     assert_eq!((&first.stdout[..], &second.stdout[..]), (&b"ok\n"[..], &b"ok\n"[..]));
+    // With a cgroup, concurrent execs of one workspace share its budget (like one
+    // container); without, each exec has its own RLIMIT_NPROC.
+    let (first, second) = tokio::join!(sh(&*limited.backend, FORK_20, &[]), sh(&*limited.backend, FORK_20, &[]));
+    let both = &first.stdout[..] == b"ok\n" && &second.stdout[..] == b"ok\n";
+    assert_eq!(both, limited.driver.cgroup_version().is_none(), "{first:?} {second:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +201,16 @@ async fn exec_latency_report() {
     let sandbox = sandbox(WorkspaceSpec::default()).await;
     let config = sandbox.driver.config().clone();
     let table = MountTable::inspect(&config).unwrap();
-    let mut direct_args = bwrap_args(&config, &table, &WorkspaceMounts { root: Some(&sandbox.root), network: false });
+    let mut direct_args = bwrap_args(
+        &config,
+        &table,
+        &WorkspaceMounts {
+            root: Some(&sandbox.root),
+            dir: &config.workspace_dir,
+            read_only_files: &[],
+            network: false,
+        },
+    );
     direct_args.extend(["--chdir", "/workspace", "--", "true"].map(Into::into));
 
     let mut via_backend = Vec::with_capacity(RUNS);
@@ -174,8 +224,8 @@ async fn exec_latency_report() {
 
         let mut command = tokio::process::Command::new(&config.bwrap_path);
         command.args(&direct_args).env_clear().env("PATH", berth_backend_bubblewrap::DEFAULT_PATH);
-        if let Some((uid, gid)) = sandbox.driver.sandbox_user() {
-            command.uid(uid).gid(gid);
+        if let Some(users) = sandbox.bubblewrap.users() {
+            command.uid(users.agent.uid).gid(users.agent.gid);
         }
         let started = std::time::Instant::now();
         let status = command.status().await.unwrap();

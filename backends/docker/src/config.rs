@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use berth_backend_host::netns::SandboxNetConfig;
+
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::id::{WorkspaceId, validate_id};
 
@@ -48,6 +50,10 @@ pub struct DockerConfig {
     pub tmp_size_bytes: u64,
     /// How long `release` waits for the container to stop before SIGKILL.
     pub stop_timeout: Duration,
+    /// Tools and address policy of networked workspaces: their containers have no Docker
+    /// network (`none`); pasta gives them outbound access under this policy (see
+    /// [`super::network`]).
+    pub network: SandboxNetConfig,
 }
 
 impl DockerConfig {
@@ -64,6 +70,7 @@ impl DockerConfig {
             default_pids: 512,
             tmp_size_bytes: 64 * 1024 * 1024,
             stop_timeout: Duration::from_secs(5),
+            network: SandboxNetConfig::default(),
         }
     }
 

@@ -31,6 +31,7 @@ use bollard::query_parameters::{
     StopContainerOptionsBuilder,
 };
 
+use berth_backend_host::netns::{Attach, SandboxNetworks};
 use berth_workspace::backend::BackendRef;
 use berth_workspace::driver::{BackendDriver, ProvisionContext};
 use berth_workspace::error::{Result, WorkspaceError};
@@ -42,6 +43,7 @@ use super::config::BACKEND_NAME;
 use super::config::{DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name};
 use super::container::ContainerHandle;
 use super::errors::{docker_error, is_not_found, status_code};
+use super::network;
 use super::scripts::Scripts;
 
 /// How often a provision that lost the create race looks for the winner's container.
@@ -54,6 +56,8 @@ pub struct DockerDriver {
     docker: Docker,
     config: DockerConfig,
     user: (u32, u32),
+    /// Network namespaces of networked workspaces' containers.
+    networks: SandboxNetworks,
 }
 
 impl DockerDriver {
@@ -75,7 +79,8 @@ impl DockerDriver {
     pub fn with_client(docker: Docker, config: DockerConfig) -> Result<Self> {
         config.validate()?;
         let user = config.effective_user();
-        Ok(Self { docker, config, user })
+        let networks = SandboxNetworks::new(config.network.clone(), BACKEND_NAME);
+        Ok(Self { docker, config, user, networks })
     }
 
     pub fn config(&self) -> &DockerConfig {
@@ -165,14 +170,21 @@ impl DockerDriver {
         }
     }
 
-    /// The pids limit the container runs with (it may predate this agent's config).
-    async fn pids_limit(&self, id: &str) -> Result<Option<i64>> {
+    /// The pids limit the container runs with (it may predate this agent's config) and the
+    /// host pid of its init (0 when it is not running).
+    async fn inspect_started(&self, id: &str) -> Result<(Option<i64>, i64)> {
         let inspected = self
             .docker
             .inspect_container(id, None)
             .await
             .map_err(|error| docker_error("inspecting a container", error))?;
-        Ok(inspected.host_config.and_then(|host| host.pids_limit).filter(|limit| *limit > 0))
+        let pid = inspected.state.and_then(|state| state.pid).unwrap_or_default();
+        Ok((inspected.host_config.and_then(|host| host.pids_limit).filter(|limit| *limit > 0), pid))
+    }
+
+    /// The driver's namespaces (tests look at pasta and the rules through it).
+    pub fn networks(&self) -> &SandboxNetworks {
+        &self.networks
     }
 
     async fn start(&self, id: &str, state: Option<ContainerSummaryStateEnum>) -> Result<()> {
@@ -222,11 +234,15 @@ impl BackendDriver for DockerDriver {
                     .as_ref()
                     .and_then(|labels| labels.get(ROOT_LABEL))
                     .is_some_and(|label| *label == root_label);
-                match (summary.id, same_root) {
+                // Containers of older agents had Docker's bridge: the host network's reach.
+                let no_docker_network =
+                    summary.host_config.as_ref().and_then(|host| host.network_mode.as_deref()) == Some("none");
+                match (summary.id, same_root && no_docker_network) {
                     (Some(id), true) => Some((id, summary.state)),
                     (Some(id), false) => {
-                        // The data directory moved: the old container mounts the wrong one.
-                        tracing::warn!(ws_id = %context.workspace_id, container = %id, "workspace container mounts another directory; recreating it");
+                        // The data directory moved (the old container mounts the wrong one),
+                        // or the container has a Docker network.
+                        tracing::warn!(ws_id = %context.workspace_id, container = %id, same_root, no_docker_network, "workspace container is out of date; recreating it");
                         self.remove(&id).await?;
                         None
                     }
@@ -240,7 +256,16 @@ impl BackendDriver for DockerDriver {
             None => (self.create(&context).await?, None),
         };
         self.start(&id, state).await?;
-        let pids_limit = self.pids_limit(&id).await?;
+        let (pids_limit, pid) = self.inspect_started(&id).await?;
+        if context.spec.network {
+            let pid = u32::try_from(pid).ok().filter(|pid| *pid > 0).ok_or_else(|| WorkspaceError::Backend {
+                backend: BACKEND_NAME,
+                message: format!("container {id} has no process after start"),
+            })?;
+            let name = network::netns_name(&self.config.node_id, context.workspace_id);
+            let owner = container_name(&self.config.node_id, context.workspace_id);
+            self.networks.ensure(&name, &owner, Attach::Process(pid)).await?;
+        }
 
         let handle = ContainerHandle {
             docker: self.docker.clone(),
@@ -265,7 +290,9 @@ impl BackendDriver for DockerDriver {
                 Err(error) => return Err(docker_error("stopping a container", error)),
             }
         }
-        Ok(())
+        // The stopped container's namespace lives on in its /run/netns mount: remove it (a
+        // started container gets a new one).
+        self.networks.remove_owned(&container_name(&self.config.node_id, workspace_id)).await
     }
 
     async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
@@ -274,7 +301,7 @@ impl BackendDriver for DockerDriver {
                 self.remove(&id).await?;
             }
         }
-        Ok(())
+        self.networks.remove_owned(&container_name(&self.config.node_id, workspace_id)).await
     }
 
     async fn adopt(&self) -> Result<Vec<WorkspaceId>> {
@@ -384,7 +411,9 @@ fn container_body(
             read_only: Some(false),
             ..Default::default()
         }]),
-        network_mode: Some(if spec.network { "bridge" } else { "none" }.to_owned()),
+        // Never a Docker network: a networked workspace gets pasta in this namespace after
+        // start, under the node's address policy (see `network`).
+        network_mode: Some("none".to_owned()),
         cap_drop: Some(vec!["ALL".to_owned()]),
         security_opt: Some(vec!["no-new-privileges".to_owned()]),
         memory: limit(memory),
@@ -451,7 +480,7 @@ mod tests {
         };
         let context = ProvisionContext { workspace_id: &workspace_id, root: Path::new("/data/ws-1"), spec: &spec };
         let host = container_body(&config, (1, 2), &context, "img").host_config.unwrap();
-        assert_eq!(host.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.nano_cpus, Some(500_000_000));
         assert_eq!(host.memory, Some(64 << 20));
         assert_eq!(host.pids_limit, Some(32));

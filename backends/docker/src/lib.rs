@@ -7,7 +7,8 @@
 //! - `process.rs`: spawn and kill of exec process trees. `files.rs`: confined, atomic
 //!   file I/O. `scripts/`: the shell side of both.
 //!
-//! Security posture (docs/design.md §5): `network_mode=none` unless the spec asks for a network,
+//! Security posture (docs/design.md §5): `network_mode=none` always; a networked workspace's
+//! container gets pasta and the node's address policy in that namespace (`network.rs`),
 //! all capabilities dropped, `no-new-privileges`, memory (without swap) / CPU / pids
 //! limits, an init process reaping orphans, processes running as an unprivileged uid.
 
@@ -18,6 +19,7 @@ mod driver;
 mod errors;
 mod files;
 mod kill;
+pub mod network;
 mod process;
 mod scripts;
 

@@ -157,6 +157,8 @@ async fn no_network_unless_asked() {
     let networked = node.provision("ws-networked", &WorkspaceSpec { network: true, ..Default::default() }).await;
     let routes = stdout_text(&sh_ok(&*networked, "ip route", &[]).await);
     assert!(routes.contains("default"), "no default route: {routes:?}");
+    // Its network namespace and pasta live until destroy (what it reaches: docker_network.rs).
+    node.driver.destroy(&id("ws-networked")).await.expect("destroy the networked workspace");
 }
 
 #[tokio::test]

@@ -6,4 +6,6 @@
 //!
 //! One module per area; each module's doc names the attacks and entry points it covers.
 
+mod bwrap;
+mod network;
 mod policy;

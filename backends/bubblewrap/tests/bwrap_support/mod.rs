@@ -31,17 +31,26 @@ pub struct Sandbox {
 
 /// A workspace with the default config in a fresh temp dir.
 pub async fn sandbox(spec: WorkspaceSpec) -> Sandbox {
+    sandbox_with(BubblewrapConfig::default(), spec).await
+}
+
+/// A workspace with `config` in a fresh temp dir.
+pub async fn sandbox_with(config: BubblewrapConfig, spec: WorkspaceSpec) -> Sandbox {
     let dir = tempfile::Builder::new().prefix("berth-bwrap-").tempdir().expect("create a temp dir");
     let root = dir.path().join("ws");
     std::fs::create_dir(&root).expect("create the workspace root");
-    let mut sandbox = sandbox_at(&root, spec).await;
+    let mut sandbox = sandbox_at_with(config, &root, spec).await;
     sandbox._dir = Some(dir);
     sandbox
 }
 
 /// A workspace at an existing root (its parents must be searchable by the sandbox user).
 pub async fn sandbox_at(root: &Path, spec: WorkspaceSpec) -> Sandbox {
-    let driver = driver(BubblewrapConfig::default()).await;
+    sandbox_at_with(BubblewrapConfig::default(), root, spec).await
+}
+
+async fn sandbox_at_with(config: BubblewrapConfig, root: &Path, spec: WorkspaceSpec) -> Sandbox {
+    let driver = driver(config).await;
     let id = WorkspaceId::new(format!("ws-{}", rand::random::<u32>())).unwrap();
     let bubblewrap = driver
         .provision_bubblewrap(ProvisionContext { workspace_id: &id, root, spec: &spec })

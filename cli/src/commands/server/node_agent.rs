@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use berth_node_agent::NodeAgentConfig;
+use berth_node_agent::config::{CgroupPolicy, UidRange};
 use berth_node_agent::limits::{Bound, NodeLimits};
 use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
@@ -86,6 +87,19 @@ pub struct NodeFlags {
     /// Most execs running at once in one workspace (more get RESOURCE_EXHAUSTED).
     #[arg(long, default_value_t = 32)]
     pub max_execs_per_workspace: u32,
+    /// Address range (CIDR or single address) networked sandboxes may reach although the
+    /// default policy blocks it: private, loopback, link-local, CGNAT ranges and the
+    /// host's own addresses (repeatable or comma-separated).
+    #[arg(long = "sandbox-allow-cidr", env = "BERTH_SANDBOX_ALLOW_CIDRS", value_delimiter = ',')]
+    pub sandbox_allow_cidrs: Vec<String>,
+    /// Host uids (= gids) of bubblewrap sandboxes when the node agent runs as root,
+    /// FIRST-LAST: two per workspace (its processes, its secret holders).
+    #[arg(long, env = "BERTH_SANDBOX_UID_RANGE", default_value = "1879048192-1879113727", value_parser = UidRange::parse)]
+    pub sandbox_uid_range: UidRange,
+    /// Per-workspace cgroups of bubblewrap sandboxes (memory, CPU, pids): auto (when root
+    /// and writable; else per-process rlimits, with a warning), required, or off.
+    #[arg(long, env = "BERTH_SANDBOX_CGROUPS", default_value = "auto", value_parser = CgroupPolicy::parse)]
+    pub sandbox_cgroups: CgroupPolicy,
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
@@ -181,6 +195,12 @@ impl NodeFlags {
         config.debug_provision_delay = self.debug_provision_delay;
         config.docker_image = self.docker_image.clone();
         config.max_execs_per_workspace = self.max_execs_per_workspace;
+        config.sandbox_allow_cidrs = split_list(&self.sandbox_allow_cidrs)
+            .iter()
+            .map(|cidr| cidr.parse().with_context(|| format!("--sandbox-allow-cidr {cidr:?}")))
+            .collect::<anyhow::Result<_>>()?;
+        config.bubblewrap.sandbox_uid_range = self.sandbox_uid_range;
+        config.bubblewrap.cgroups = self.sandbox_cgroups;
         let contract = &mut config.contract;
         contract.skills_seed = self.skills_seed.clone();
         contract.mcp.pool.max_live = self.mcp_max_live;
