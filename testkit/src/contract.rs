@@ -364,6 +364,8 @@ pub fn echo_spec(name: &str, env: &[(&str, &str, bool)]) -> berth_features::mcp:
                 })
                 .collect(),
             cwd: String::new(),
+            // A server with secrets runs from the workspace only when pinned.
+            sha256: env.iter().any(|(_, _, secret)| *secret).then(|| mcp_fixture::sha256_hex().to_owned()),
         },
     }
 }
@@ -497,6 +499,7 @@ pub async fn mcp_corrupt_config_is_reseeded(fixture: &dyn BackendFixture) {
             args: Vec::new(),
             env: BTreeMap::new(),
             cwd: String::new(),
+            sha256: None,
         },
     }];
     let harness = mcp_harness(fixture, McpServiceConfig { defaults, ..McpServiceConfig::default() }).await;
