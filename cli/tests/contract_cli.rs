@@ -53,6 +53,8 @@ async fn cluster(cancel: &CancellationToken, data: &Path) -> (String, String) {
     let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut node = berth_node_agent::NodeAgentConfig::new("node-cli", data.join("node"));
     node.control_planes = vec![endpoint.clone()];
+    // The MCP fixture listens on loopback, which the SSRF guard refuses unless allowed.
+    node.contract.mcp.allowed_cidrs = vec!["127.0.0.1/32".parse().unwrap()];
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
     let client = v1::workspace_service_client::WorkspaceServiceClient::new(
         tonic::transport::Endpoint::from_shared(endpoint.clone()).unwrap().connect_lazy(),
