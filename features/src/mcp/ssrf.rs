@@ -354,4 +354,59 @@ mod tests {
         let allowed = TargetPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
         allowed.check_url("s", "http://127.0.0.1:9/mcp").await.unwrap();
     }
+
+    /// A listener that answers every request with `response` and counts connections.
+    async fn listener(address: &str, response: String) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        // reqwest needs the process's rustls provider (the service installs it at start).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut request = vec![0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let _ = stream.write_all(response.as_bytes()).await;
+            }
+        });
+        (port, accepted)
+    }
+
+    const OK: &str = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+
+    /// The connection itself is guarded, not just the pre-check: a name that resolves to a
+    /// refused address (what a rebinding name does at connect time) reaches nothing.
+    #[tokio::test]
+    async fn the_client_connects_only_to_allowed_addresses() {
+        let (port, accepted) = listener("127.0.0.1", OK.to_owned()).await;
+        let refusing = guarded_client(Arc::new(TargetPolicy::default())).unwrap();
+        let refused = refusing.get(format!("http://localhost:{port}/")).send().await;
+        assert!(refused.is_err(), "{refused:?}");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "the guarded client connected");
+        let allowing = guarded_client(Arc::new(TargetPolicy::new(vec!["127.0.0.1/32".parse().unwrap()]))).unwrap();
+        let answer = allowing.get(format!("http://localhost:{port}/")).send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// An allowed server redirecting to a refused address (same origin or not) is not
+    /// followed there.
+    #[tokio::test]
+    async fn redirects_never_reach_a_refused_address() {
+        let (inner_port, inner) = listener("127.0.0.2", OK.to_owned()).await;
+        let policy = Arc::new(TargetPolicy::new(vec!["127.0.0.1/32".parse().unwrap()]));
+        for target in [format!("http://127.0.0.2:{inner_port}/"), format!("http://[::ffff:127.0.0.2]:{inner_port}/")] {
+            let redirect =
+                format!("HTTP/1.1 307 Temporary Redirect\r\nLocation: {target}\r\nContent-Length: 0\r\n\r\n");
+            let (outer_port, outer) = listener("127.0.0.1", redirect).await;
+            let client = guarded_client(Arc::clone(&policy)).unwrap();
+            let answer = client.post(format!("http://127.0.0.1:{outer_port}/")).body("{}").send().await;
+            assert!(answer.as_ref().map_or(true, |response| response.status() == 307), "{answer:?}");
+            assert_eq!(outer.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+        assert_eq!(inner.load(std::sync::atomic::Ordering::SeqCst), 0, "a redirect reached a refused address");
+    }
 }
