@@ -109,6 +109,9 @@ async fn secret_holders_run_apart_from_the_workspace() {
     sh_ok(backend, "cp bin/tool /tmp/evil && chmod 0755 /tmp/evil", &[]).await;
     let refused = backend.exec(&secret_exec(&["/tmp/evil"], None)).await;
     assert!(matches!(refused, Err(WorkspaceError::SpawnFailed { .. })), "{refused:?}");
+    // Directories of servers that are gone do not pile up: each start removes them.
+    let listed = backend.exec(&secret_exec(&["sh", "-c", "ls -d /tmp/berth-secret.*"], None)).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).lines().count(), 1, "{listed:?}");
     // A root-owned system program runs, by path or by name.
     for program in ["/bin/sh", "sh"] {
         let out = backend.exec(&secret_exec(&[program, "-c", "id -u; echo $TOKEN"], None)).await.unwrap();

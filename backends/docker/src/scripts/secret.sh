@@ -17,15 +17,18 @@ berth_fail() {
 	printf '%s fail %s\n' "$nonce" "$1" >&2
 	exit 127
 }
-# Private directories of earlier servers that are gone (each records its server's pid).
+# Private directories of earlier servers that are gone: the name carries the server's pid
+# (this shell's, kept by exec), so a directory is never without its owner's pid, even while
+# another start is making it. Only our own are touched; a symlink the agent planted is
+# removed as a link, never followed.
 for old in /tmp/berth-secret.*; do
-	[ -d "$old" ] && [ -O "$old" ] || continue
-	{ read -r oldpid <"$old/.pid"; } 2>/dev/null || oldpid=
-	[ -n "$oldpid" ] && [ -d "/proc/$oldpid" ] || rm -rf -- "$old"
+	[ -d "$old" ] && [ ! -L "$old" ] && [ -O "$old" ] || continue
+	oldpid=${old#/tmp/berth-secret.}
+	oldpid=${oldpid%%.*}
+	[ -d "/proc/$oldpid" ] || rm -rf -- "$old"
 done
-home=$(mktemp -d /tmp/berth-secret.XXXXXXXXXXXX) || berth_fail private
+home=$(mktemp -d "/tmp/berth-secret.$$.XXXXXXXXXXXX") || berth_fail private
 chmod 0700 "$home" || berth_fail private
-printf '%s\n' "$$" >"$home/.pid" || berth_fail private
 if [ "$pin" != - ]; then
 	case $1 in
 	/*) berth_fail noprogram ;;
