@@ -3,15 +3,18 @@
 //!
 //! ```json
 //! [{"name": "echo", "transport": "stdio", "command": "bin/echo", "args": [],
-//!   "env": {"TOKEN": {"secret_ref": "mcp/echo/env/TOKEN"}}, "cwd": ""},
+//!   "env": {"TOKEN": {"secret_ref": "mcp/echo/env/TOKEN"}}, "cwd": "",
+//!   "sha256": "<64 hex digits of bin/echo>"},
 //!  {"name": "docs", "transport": "http", "url": "https://example.com/mcp",
 //!   "headers": {"Authorization": {"secret_ref": "mcp/docs/header/authorization"}}}]
 //! ```
 //!
 //! Secret values never appear here: a secret env value or header is a `secret_ref` into the
-//! node's private [`super::SecretStore`]. Written atomically (the backend's `write_file`),
-//! validated on every load; a file that fails to parse or validate is replaced by the
-//! node's defaults with a warning, never a crash.
+//! node's private secret store (in `berth-features`). A stdio server given a secret whose
+//! command is a workspace path must carry the program's `sha256`; it runs only as a copy
+//! with that digest ([`McpServerConfig::program_pin`]). Written atomically (the backend's
+//! `write_file`), validated on every load; a file that fails to parse or validate is
+//! replaced by the node's defaults with a warning, never a crash.
 
 use std::collections::{BTreeMap, HashSet};
 
