@@ -110,6 +110,12 @@ pub async fn start(
                 // Refused before any secret is read: an unpinned workspace program.
                 spawn.program_sha256 = config.program_pin()?;
                 spawn.role = SpawnRole::SecretHolder;
+                if spawn.program_sha256.is_some() {
+                    // A pinned program is named from the workspace root (the cwd of a
+                    // secret holder is private, not the declared one).
+                    spawn.argv[0] = spawn.cwd.join(command)?.as_str().to_owned();
+                    spawn.cwd = RelPath::root();
+                }
             }
             spawn.env =
                 resolve_all(workspace, env, secrets, &binding).await.map_err(|error| failed(error.to_string()))?;

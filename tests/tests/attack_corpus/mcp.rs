@@ -215,7 +215,6 @@ async fn docker_mcp_binary_swap_is_never_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs SpawnRole::SecretHolder on bubblewrap (the bubblewrap part of the isolation work); the attack works without it"]
 async fn bubblewrap_mcp_binary_swap_is_never_run() {
     binary_swap("bubblewrap").await;
 }
@@ -289,7 +288,6 @@ async fn docker_mcp_server_home_is_not_the_agents() {
 /// Bubblewrap: a Python server started as `/usr/bin/python3` would import
 /// `usercustomize.py` from the user site of its HOME and `sitecustomize.py` from its cwd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs SpawnRole::SecretHolder on bubblewrap (the bubblewrap part of the isolation work); the attack works without it"]
 async fn bubblewrap_usercustomize_is_not_imported() {
     let node = Node::start("bubblewrap", &[]).await;
     let workspace = node.workspace("alice", "bubblewrap").await;
