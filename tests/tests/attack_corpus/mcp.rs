@@ -207,6 +207,28 @@ async fn binary_swap(backend: &str) {
     let root = node.host_root(&workspace);
     assert!(!root.join("stolen-by-swap").exists(), "the swapped program ran (marker {})", root.display());
     assert_eq!(files_holding(&root, &token), Vec::<PathBuf>::new(), "the secret reached the workspace");
+
+    // Next step: re-pin `.mcp` to the swapped program. The pin is part of the binding, so
+    // the edited declaration no longer gets the secret.
+    let repin = node
+        .sh(
+            &workspace,
+            &format!(
+                "new=$(sha256sum bin/berth-mcp-fixture | cut -d' ' -f1) && \
+                 sed -i \"s/{}/$new/\" .mcp && grep -c \"$new\" .mcp",
+                berth_testkit::mcp_fixture::sha256_hex()
+            ),
+        )
+        .await;
+    assert_eq!(output_text(&repin).trim(), "1", "the re-pin itself failed: {}", output_text(&repin));
+    let repinned = node.call(&workspace, "echo", "env", serde_json::json!({"name": "TOKEN"})).await;
+    let repinned_text = format!("{repinned:?}");
+    assert!(!repinned_text.contains(&token), "the re-pinned program got the secret: {repinned_text}");
+    assert!(
+        std::fs::read_to_string(root.join("stolen-by-swap")).map_or(true, |stolen| !stolen.contains(&token)),
+        "the re-pinned program ran with the secret"
+    );
+    assert_eq!(files_holding(&root, &token), Vec::<PathBuf>::new(), "the secret reached the workspace");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
