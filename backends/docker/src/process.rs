@@ -154,6 +154,10 @@ pub(crate) async fn spawn_as(
                     reason: "an unpinned secret-holding program must be owned by root and writable by no one else"
                         .into(),
                 },
+                "noexec" => WorkspaceError::SpawnFailed {
+                    program,
+                    reason: "the container's /tmp is mounted noexec, so the checked program copy cannot run".into(),
+                },
                 "private" => WorkspaceError::Backend {
                     backend: super::config::BACKEND_NAME,
                     message: "cannot make the private directory of a secret-holding process under /tmp".into(),

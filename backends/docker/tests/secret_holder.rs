@@ -150,3 +150,15 @@ async fn workspace_processes_cannot_reach_a_running_secret_holder() {
     let gone = sh(backend, "ps -o user,args | grep -c '^64000 .*sleep 300'", &[]).await;
     assert_eq!(String::from_utf8_lossy(&gone.stdout).trim(), "0");
 }
+
+#[tokio::test]
+async fn secret_holders_run_on_a_read_only_root() {
+    let ws = workspace(&WorkspaceSpec { read_only_root: true, ..Default::default() }).await;
+    let backend = &*ws.backend;
+    backend.write_bytes(&berth_testkit::rel("bin/tool"), Bytes::from_static(TOOL), 0o755).await.unwrap();
+    let pin: [u8; 32] = sha2::Sha256::digest(TOOL).into();
+    let out = backend.exec(&secret_exec(&["bin/tool"], Some(pin))).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.exit_code, 0, "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("64000\n/tmp/berth-secret."), "{text}");
+}

@@ -27,7 +27,7 @@ for old in /tmp/berth-secret.*; do
 	oldpid=${oldpid%%.*}
 	[ -d "/proc/$oldpid" ] || rm -rf -- "$old"
 done
-home=$(mktemp -d "/tmp/berth-secret.$$.XXXXXXXXXXXX") || berth_fail private
+home=$(mktemp -d "/tmp/berth-secret.$$.XXXXXX") || berth_fail private
 chmod 0700 "$home" || berth_fail private
 if [ "$pin" != - ]; then
 	case $1 in
@@ -43,6 +43,8 @@ if [ "$pin" != - ]; then
 	# The digest of a wrong copy is never printed (it could be of a file holding secrets).
 	[ "${sum%% *}" = "$pin" ] || berth_fail pinmismatch
 	chmod 0500 "$home/program" || berth_fail private
+	# A noexec /tmp (a read-only root's tmpfs made without `exec`) would fail at exec.
+	[ -x "$home/program" ] || berth_fail noexec
 	shift
 	set -- "$home/program" "$@"
 else
