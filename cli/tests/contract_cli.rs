@@ -54,6 +54,8 @@ async fn cluster(cancel: &CancellationToken, data: &Path) -> (String, String) {
     let mut node = berth_node_agent::NodeAgentConfig::new("node-cli", data.join("node"));
     node.control_planes = vec![endpoint.clone()];
     node.allow_unsandboxed = true;
+    // The MCP fixture listens on loopback, which the SSRF guard refuses unless allowed.
+    node.contract.mcp.allowed_cidrs = vec!["127.0.0.1/32".parse().unwrap()];
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
     let client = v1::workspace_service_client::WorkspaceServiceClient::new(
         tonic::transport::Endpoint::from_shared(endpoint.clone()).unwrap().connect_lazy(),

@@ -90,7 +90,11 @@ fn header_value(value: &str, secret: bool) -> v1::McpValue {
 }
 
 async fn mcp_over_http(backend: &str) {
-    let mut cluster = cluster(backend).await;
+    // The fixture listens on loopback, which the SSRF guard refuses unless allowed.
+    let mut cluster = cluster_with(backend, |node| {
+        node.contract.mcp.allowed_cidrs = vec!["127.0.0.1/32".parse().unwrap()];
+    })
+    .await;
     let ws = cluster.workspace_id.clone();
     let server_stop = CancellationToken::new();
     let url = berth_mcp_fixture::spawn_http(server_stop.clone()).await.unwrap();

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+/// An `--mcp-allow-cidr` range (`ContractConfig::mcp.allowed_cidrs`).
+pub use berth_features::mcp::Cidr;
 use berth_features::mcp::{McpService, McpServiceConfig, SecretStore};
 use berth_features::offload;
 use berth_features::skills::{self, SkillIndex};

@@ -36,6 +36,7 @@ pub fn mcp_spec_from_proto(server: Option<v1::McpServer>) -> Result<McpServerSpe
             args: stdio.args,
             env: stdio.env.into_iter().map(|(key, value)| (key, spec_value(value))).collect(),
             cwd: stdio.cwd,
+            sha256: (!stdio.sha256.is_empty()).then_some(stdio.sha256),
         },
         Some(Transport::Http(http)) => SpecTransport::Http {
             url: http.url,
@@ -59,11 +60,12 @@ fn value_to_proto(value: &ConfigValue) -> v1::McpValue {
 pub fn mcp_server_to_proto(config: &McpServerConfig) -> v1::McpServer {
     use v1::mcp_server::Transport;
     let transport = match &config.transport {
-        McpTransport::Stdio { command, args, env, cwd } => Transport::Stdio(v1::McpStdio {
+        McpTransport::Stdio { command, args, env, cwd, sha256 } => Transport::Stdio(v1::McpStdio {
             command: command.clone(),
             args: args.clone(),
             env: env.iter().map(|(key, value)| (key.clone(), value_to_proto(value))).collect(),
             cwd: cwd.clone(),
+            sha256: sha256.clone().unwrap_or_default(),
         }),
         McpTransport::Http { url, headers } => Transport::Http(v1::McpHttp {
             url: url.clone(),

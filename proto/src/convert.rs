@@ -171,6 +171,7 @@ pub fn status_from_workspace_error(error: &WorkspaceError) -> Status {
         E::NameExists { .. } => Status::already_exists(message),
         // Carries a kind, so the router never takes it for an unreachable node.
         E::McpServerFailed { .. } => ErrorKind::McpServerFailed.attach(Status::unavailable(message)),
+        E::McpRefused { .. } => Status::permission_denied(message),
         E::AlreadyExists { .. } => Status::already_exists(message),
         E::IsADirectory { .. } | E::NotADirectory { .. } | E::DirectoryNotEmpty { .. } | E::SpawnFailed { .. } => {
             Status::failed_precondition(message)

@@ -364,6 +364,8 @@ pub fn echo_spec(name: &str, env: &[(&str, &str, bool)]) -> berth_features::mcp:
                 })
                 .collect(),
             cwd: String::new(),
+            // A server with secrets runs from the workspace only when pinned.
+            sha256: env.iter().any(|(_, _, secret)| *secret).then(|| mcp_fixture::sha256_hex().to_owned()),
         },
     }
 }
@@ -497,6 +499,7 @@ pub async fn mcp_corrupt_config_is_reseeded(fixture: &dyn BackendFixture) {
             args: Vec::new(),
             env: BTreeMap::new(),
             cwd: String::new(),
+            sha256: None,
         },
     }];
     let harness = mcp_harness(fixture, McpServiceConfig { defaults, ..McpServiceConfig::default() }).await;
@@ -559,6 +562,20 @@ pub async fn mcp_latency_report(fixture: &dyn BackendFixture) {
         assert!(output.started);
         first.push(started.elapsed());
     }
+    // The same with a secret: the server runs as a SpawnRole::SecretHolder (on Docker: a
+    // private directory, a copy of the pinned program and its SHA-256 per start).
+    service.add(&**backend, ws, &echo_spec("vault", &[("TOKEN", "t", true)]), false).await.unwrap();
+    let mut first_secret = Vec::new();
+    for _ in 0..5 {
+        service.pool().forget_workspace(ws);
+        let started = Instant::now();
+        let output = service
+            .call_tool(backend, ws, "vault", "echo", args(serde_json::json!({"text": "x"})), None)
+            .await
+            .unwrap();
+        assert!(output.started);
+        first_secret.push(started.elapsed());
+    }
     let mut warm = Vec::new();
     for _ in 0..200 {
         let started = Instant::now();
@@ -571,10 +588,12 @@ pub async fn mcp_latency_report(fixture: &dyn BackendFixture) {
         format!("p50 {:?} p90 {:?} max {:?}", pick(0.5), pick(0.9), pick(1.0))
     };
     println!(
-        "MCP latency [{}]: first call (start + initialize + call, n={}) {}; warm call (n={}) {}",
+        "MCP latency [{}]: first call (start + initialize + call, n={}) {}; with a secret (n={}) {}; warm call (n={}) {}",
         backend.name(),
         first.len(),
         stats(&mut first),
+        first_secret.len(),
+        stats(&mut first_secret),
         warm.len(),
         stats(&mut warm)
     );

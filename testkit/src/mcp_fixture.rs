@@ -70,3 +70,14 @@ pub async fn install(backend: &dyn Backend) {
     let path = RelPath::parse(INSTALL_PATH).expect("valid path");
     backend.write_bytes(&path, Bytes::from(bytes), 0o755).await.expect("install the mcp fixture");
 }
+
+/// SHA-256 of the fixture binary as 64 lowercase hex digits: the pin a declaration that
+/// gives the fixture secrets must carry (it runs from the workspace).
+pub fn sha256_hex() -> &'static str {
+    static DIGEST: OnceLock<String> = OnceLock::new();
+    DIGEST.get_or_init(|| {
+        use sha2::Digest as _;
+        let bytes = std::fs::read(binary()).expect("read the mcp fixture binary");
+        hex::encode(sha2::Sha256::digest(&bytes))
+    })
+}

@@ -88,9 +88,29 @@ pub enum WorkspaceError {
     #[error("mcp server {server:?} failed: {reason}")]
     McpServerFailed { server: String, reason: String },
 
+    /// The node refuses to run or reach an MCP server as declared: a policy, not a fault
+    /// (PERMISSION_DENIED). The reason says what to change.
+    #[error("mcp server {server:?} refused: {reason}")]
+    McpRefused { server: String, reason: McpRefusal },
+
     /// Failure inside a backend that has no better variant (docker API error…).
     #[error("{backend}: {message}")]
     Backend { backend: &'static str, message: String },
+}
+
+/// Why the node refuses an MCP server (see [`WorkspaceError::McpRefused`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum McpRefusal {
+    /// A stdio server that receives secrets runs a program from the workspace without a
+    /// SHA-256 pin: the agent could swap the program and read the secrets.
+    #[error(
+        "its command {command:?} is a workspace path and it receives secrets; pin the program with its sha256 in the declaration"
+    )]
+    UnpinnedProgram { command: String },
+    /// An HTTP server's address is in a range the node does not connect to (loopback,
+    /// private, link-local...) and no `--mcp-allow-cidr` of the node allows it.
+    #[error("{host} resolves to {address}, a {class} address; the node allows it only with --mcp-allow-cidr")]
+    TargetForbidden { host: String, address: std::net::IpAddr, class: &'static str },
 }
 
 pub type Result<T, E = WorkspaceError> = std::result::Result<T, E>;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use berth_workspace::backend::{Backend, ByteStream, SpawnSpec, Spawned, WriteOptions};
+use berth_workspace::backend::{Backend, ByteStream, SpawnRole, SpawnSpec, Spawned, WriteOptions};
 use berth_workspace::error::Result;
 use berth_workspace::path::RelPath;
 
@@ -55,7 +55,15 @@ impl Backend for DockerBackend {
 
     async fn spawn(&self, spec: &SpawnSpec) -> Result<Spawned> {
         spec.validate()?;
-        let mut env = self.env.clone();
+        // A secret holder gets exactly its own env (an MCP declaration's, bound to its
+        // hash): the workspace's env (PYTHONPATH, LD_PRELOAD into the workspace...) would
+        // let workspace code run inside it.
+        let (mut env, launch) = match spec.role {
+            SpawnRole::Agent => (self.env.clone(), process::Launch::Agent),
+            SpawnRole::SecretHolder => {
+                (BTreeMap::new(), process::Launch::SecretHolder { pin: spec.program_sha256.as_ref() })
+            }
+        };
         env.extend(spec.env.iter().map(|(name, value)| (name.clone(), value.clone())));
         // The kill marker is ours (process.rs); a client value would only muddle the sweep.
         let env = env
@@ -63,7 +71,7 @@ impl Backend for DockerBackend {
             .filter(|(name, _)| name != process::EXEC_MARKER_ENV)
             .map(|(name, value)| format!("{name}={value}"))
             .collect();
-        process::spawn(&self.container, spec.argv.clone(), &spec.cwd, env).await
+        process::spawn_as(&self.container, launch, spec.argv.clone(), &spec.cwd, env).await
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<ByteStream> {

@@ -27,6 +27,11 @@ pub const SPEC_LABEL_PREFIX: &str = "berth.label.";
 pub const DEFAULT_MOUNT_POINT: &str = "/workspace";
 /// The unprivileged user of the base image, used when the agent itself runs as root.
 pub const BASE_IMAGE_USER: (u32, u32) = (1000, 1000);
+/// `uid:gid` of secret-holding execs (`SpawnRole::SecretHolder`, MCP servers given
+/// secrets): not the workspace user, so a workspace process can neither signal nor trace
+/// them nor read their `/proc/<pid>/environ` (every exec runs with no capabilities). A
+/// workspace user equal to it makes such spawns fail (`BackendUnavailable`).
+pub const SECRET_HOLDER_USER: (u32, u32) = (64_000, 64_000);
 
 /// Settings of a [`DockerDriver`](super::DockerDriver). Zero limits in a workspace spec
 /// mean "use the default here"; a zero default means "no limit".

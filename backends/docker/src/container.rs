@@ -42,10 +42,15 @@ pub(crate) struct PlainOutput {
     pub stderr: Bytes,
 }
 
-/// Runs `cmd` (no wrapper, no stdin) to completion and returns its capped output. For our
-/// own short helper scripts only: it cannot be killed.
+/// Runs `cmd` (no wrapper, no stdin) to completion as the workspace user and returns its
+/// capped output. For our own short helper scripts only: it cannot be killed.
 pub(crate) async fn run_plain(container: &ContainerHandle, cmd: Vec<String>) -> Result<PlainOutput> {
-    let (exec_id, mut output, _input) = start_exec(container, cmd, Vec::new(), false).await?;
+    run_plain_as(container, &container.user, cmd).await
+}
+
+/// [`run_plain`] as `user` (`uid:gid`).
+pub(crate) async fn run_plain_as(container: &ContainerHandle, user: &str, cmd: Vec<String>) -> Result<PlainOutput> {
+    let (exec_id, mut output, _input) = start_exec(container, user, cmd, Vec::new(), false).await?;
     let mut stdout = BytesMut::new();
     let mut stderr = BytesMut::new();
     while let Some(frame) = output.next().await {
@@ -65,8 +70,11 @@ pub(crate) async fn run_plain(container: &ContainerHandle, cmd: Vec<String>) -> 
 pub(crate) type OutputStream =
     Pin<Box<dyn Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>> + Send>>;
 
+/// Starts an attached exec of `cmd` as `user` (`uid:gid`: the workspace user, or the
+/// secret-holder user of `process.rs`).
 pub(crate) async fn start_exec(
     container: &ContainerHandle,
+    user: &str,
     cmd: Vec<String>,
     env: Vec<String>,
     attach_stdin: bool,
@@ -78,7 +86,7 @@ pub(crate) async fn start_exec(
         tty: Some(false),
         env: Some(env),
         cmd: Some(cmd),
-        user: Some(container.user.clone()),
+        user: Some(user.to_owned()),
         // The mount point itself: it always exists, so the daemon never creates a
         // root-owned working directory in the bind mount; spawn.sh does the real cd.
         working_dir: Some(container.scripts.mount_point.clone()),

@@ -398,9 +398,11 @@ fn container_body(
             ulimits.push(ResourcesUlimits { name: Some(name.to_owned()), soft: Some(value), hard: Some(value) });
         }
     }
-    // A read-only root still needs a writable /tmp (tools, shells, sockets).
+    // A read-only root still needs a writable /tmp (tools, shells, sockets). `exec`: Docker
+    // mounts a tmpfs noexec unless told, and a secret holder runs its checked program copy
+    // from its private directory there (the agent can exec from /workspace anyway).
     let tmpfs = spec.read_only_root.then(|| {
-        HashMap::from([("/tmp".to_owned(), format!("rw,nosuid,nodev,size={},mode=1777", config.tmp_size_bytes))])
+        HashMap::from([("/tmp".to_owned(), format!("rw,exec,nosuid,nodev,size={},mode=1777", config.tmp_size_bytes))])
     });
 
     let host_config = HostConfig {

@@ -15,7 +15,7 @@ use bollard::models::ContainerUpdateBody;
 use berth_workspace::error::{Result, WorkspaceError};
 
 use super::config::BACKEND_NAME;
-use super::container::{ContainerHandle, run_plain};
+use super::container::{ContainerHandle, run_plain_as};
 use super::errors::docker_error;
 use super::scripts;
 
@@ -34,19 +34,20 @@ enum Sweep {
     Failed(String),
 }
 
-/// SIGKILLs session `pid` and every process carrying `nonce` in the container. Without a
-/// pid (the exec never reported one) only the marker is swept.
-pub(crate) async fn kill_session(container: &ContainerHandle, pid: Option<u32>, nonce: &str) -> Result<()> {
+/// SIGKILLs session `pid` and every process carrying `nonce` in the container, sweeping as
+/// `user` (the exec's own user: only it may signal the exec's processes and read their
+/// environment). Without a pid (the exec never reported one) only the marker is swept.
+pub(crate) async fn kill_session(container: &ContainerHandle, user: &str, pid: Option<u32>, nonce: &str) -> Result<()> {
     // "-" matches no session id.
     let pid = pid.map_or_else(|| "-".to_owned(), |pid| pid.to_string());
     let pid = pid.as_str();
-    tokio::time::timeout(KILL_TIMEOUT, kill_with_relief(container, pid, nonce)).await.map_err(|_| {
+    tokio::time::timeout(KILL_TIMEOUT, kill_with_relief(container, user, pid, nonce)).await.map_err(|_| {
         WorkspaceError::Timeout { operation: "killing a docker exec", millis: KILL_TIMEOUT.as_millis() as u64 }
     })?
 }
 
-async fn kill_with_relief(container: &ContainerHandle, pid: &str, nonce: &str) -> Result<()> {
-    let diagnostic = match sweep(container, pid, nonce).await? {
+async fn kill_with_relief(container: &ContainerHandle, user: &str, pid: &str, nonce: &str) -> Result<()> {
+    let diagnostic = match sweep(container, user, pid, nonce).await? {
         Sweep::Done => return Ok(()),
         Sweep::Failed(message) => return Err(kill_failed(container, pid, &message)),
         Sweep::NotStarted(message) => message,
@@ -60,7 +61,7 @@ async fn kill_with_relief(container: &ContainerHandle, pid: &str, nonce: &str) -
     for _ in 0..LIFTED_ATTEMPTS {
         // Set on every attempt: a concurrent kill may have restored the limit meanwhile.
         set_pids_limit(container, limit + PIDS_HEADROOM).await?;
-        match sweep(container, pid, nonce).await {
+        match sweep(container, user, pid, nonce).await {
             Ok(Sweep::Done) => {
                 outcome = Ok(());
                 break;
@@ -84,7 +85,7 @@ async fn kill_with_relief(container: &ContainerHandle, pid: &str, nonce: &str) -
     outcome
 }
 
-async fn sweep(container: &ContainerHandle, pid: &str, nonce: &str) -> Result<Sweep> {
+async fn sweep(container: &ContainerHandle, user: &str, pid: &str, nonce: &str) -> Result<Sweep> {
     let cmd = vec![
         scripts::SHELL.to_owned(),
         "-c".to_owned(),
@@ -93,7 +94,7 @@ async fn sweep(container: &ContainerHandle, pid: &str, nonce: &str) -> Result<Sw
         pid.to_owned(),
         nonce.to_owned(),
     ];
-    let output = run_plain(container, cmd).await?;
+    let output = run_plain_as(container, user, cmd).await?;
     let said = format!(
         "{} {}",
         String::from_utf8_lossy(&output.stdout).trim(),

@@ -35,6 +35,7 @@ use berth_workspace::backend::{BoxedReader, BoxedWriter, ExitInfo, ProcessContro
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
 
+use super::config::SECRET_HOLDER_USER;
 use super::container::{ContainerHandle, OutputStream, exit_code_after_stream, start_exec};
 use super::kill::kill_session;
 use super::scripts;
@@ -52,13 +53,38 @@ const EARLY_STDOUT_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// Env variable carrying an exec's kill marker; `kill.sh` matches `BERTH_EXEC_ID=<nonce>`.
 pub(crate) const EXEC_MARKER_ENV: &str = "BERTH_EXEC_ID";
 
+/// Who a spawned process runs as and how it is wrapped.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Launch<'a> {
+    /// The workspace user, under `spawn.sh`, in `cwd`.
+    Agent,
+    /// [`SECRET_HOLDER_USER`] under `secret.sh`: a private 0700 `HOME` and cwd under
+    /// `/tmp`; with a pin, argv[0] (a workspace path relative to `cwd`) runs as a checked
+    /// copy in that directory, without one it must be a root-owned program outside the
+    /// workspace.
+    SecretHolder { pin: Option<&'a [u8; 32]> },
+}
+
 /// Starts `argv` in `cwd` (relative to the workspace) with `env` (`NAME=value` entries).
 ///
 /// Errors: `NotFound` / `NotADirectory` / `PathEscapesRoot` for a bad cwd, `SpawnFailed`
-/// when argv[0] is not found or the runtime refuses to start it, `BackendUnavailable` when
-/// the container is not running or the daemon is unreachable.
+/// when argv[0] is not found or the runtime refuses to start it (or a secret holder's
+/// unpinned program is in the workspace or not a root-owned system file),
+/// `InvalidArgument` when a secret holder's program does not match its pin,
+/// `BackendUnavailable` when the container is not running or the daemon is unreachable.
 pub(crate) async fn spawn(
     container: &Arc<ContainerHandle>,
+    argv: Vec<String>,
+    cwd: &RelPath,
+    env: Vec<String>,
+) -> Result<Spawned> {
+    spawn_as(container, Launch::Agent, argv, cwd, env).await
+}
+
+/// [`spawn`] as `launch` says.
+pub(crate) async fn spawn_as(
+    container: &Arc<ContainerHandle>,
+    launch: Launch<'_>,
     argv: Vec<String>,
     cwd: &RelPath,
     mut env: Vec<String>,
@@ -66,16 +92,21 @@ pub(crate) async fn spawn(
     let program = argv.first().cloned().unwrap_or_default();
     let nonce = scripts::nonce();
     env.push(format!("{EXEC_MARKER_ENV}={nonce}"));
-    let mut cmd = vec![
-        scripts::SHELL.to_owned(),
-        "-c".to_owned(),
-        container.scripts.spawn.clone(),
-        "berth-spawn".to_owned(),
-        nonce.clone(),
-        cwd.as_str().to_owned(),
-    ];
+    let mut cmd = vec![scripts::SHELL.to_owned(), "-c".to_owned()];
+    let user = match launch {
+        Launch::Agent => {
+            cmd.extend([container.scripts.spawn.clone(), "berth-spawn".to_owned()]);
+            cmd.extend([nonce.clone(), cwd.as_str().to_owned()]);
+            container.user.clone()
+        }
+        Launch::SecretHolder { pin } => {
+            cmd.extend([container.scripts.secret.clone(), "berth-secret".to_owned()]);
+            cmd.extend([nonce.clone(), cwd.as_str().to_owned(), pin.map_or_else(|| "-".to_owned(), hex::encode)]);
+            secret_holder_user(container)?
+        }
+    };
     cmd.extend(argv);
-    let (exec_id, output, input) = start_exec(container, cmd, env, true).await?;
+    let (exec_id, output, input) = start_exec(container, &user, cmd, env, true).await?;
 
     let (handshake_sender, handshake_receiver) = oneshot::channel();
     let (stdout_sender, stdout_receiver) = mpsc::channel(CHANNEL_CHUNKS);
@@ -91,8 +122,9 @@ pub(crate) async fn spawn(
             // Whatever did start must not linger: sweep by marker (no pid is known).
             let container = container.clone();
             let marker = nonce.clone();
+            let killer = user.clone();
             tokio::spawn(async move {
-                if let Err(error) = kill_session(&container, None, &marker).await {
+                if let Err(error) = kill_session(&container, &killer, None, &marker).await {
                     tracing::warn!(container = %container.container_name, %error, "could not kill an exec that never reported");
                 }
             });
@@ -110,6 +142,26 @@ pub(crate) async fn spawn(
                 "notfound" => WorkspaceError::NotFound { path },
                 "notdir" => WorkspaceError::NotADirectory { path },
                 "escape" => WorkspaceError::PathEscapesRoot { path },
+                "pinmismatch" => WorkspaceError::InvalidArgument(format!(
+                    "the SHA-256 of {program:?} does not match the pin of the declaration"
+                )),
+                "inworkspace" => WorkspaceError::SpawnFailed {
+                    program,
+                    reason: "a secret-holding process runs a workspace program only with a sha256 pin".into(),
+                },
+                "notsystem" => WorkspaceError::SpawnFailed {
+                    program,
+                    reason: "an unpinned secret-holding program must be owned by root and writable by no one else"
+                        .into(),
+                },
+                "noexec" => WorkspaceError::SpawnFailed {
+                    program,
+                    reason: "the container's /tmp is mounted noexec, so the checked program copy cannot run".into(),
+                },
+                "private" => WorkspaceError::Backend {
+                    backend: super::config::BACKEND_NAME,
+                    message: "cannot make the private directory of a secret-holding process under /tmp".into(),
+                },
                 _ => WorkspaceError::SpawnFailed {
                     program,
                     reason: "not found in PATH, or not an executable file".into(),
@@ -126,6 +178,7 @@ pub(crate) async fn spawn(
 
     let control = DockerControl {
         container: container.clone(),
+        user,
         exec_id,
         pid,
         nonce,
@@ -139,6 +192,24 @@ pub(crate) async fn spawn(
         stderr: channel_reader(stderr_receiver),
         control: Box::new(control),
     })
+}
+
+/// `uid:gid` of secret-holding execs; refused when it is the workspace user's (the agent
+/// could then read their environment).
+fn secret_holder_user(container: &ContainerHandle) -> Result<String> {
+    let (uid, gid) = SECRET_HOLDER_USER;
+    let user = format!("{uid}:{gid}");
+    let workspace_uid = container.user.split(':').next().unwrap_or_default();
+    if workspace_uid == uid.to_string() || workspace_uid == "0" || workspace_uid == "root" {
+        return Err(WorkspaceError::BackendUnavailable {
+            backend: super::config::BACKEND_NAME,
+            reason: format!(
+                "workspace processes run as {}, so a secret-holding process cannot be kept from them",
+                container.user
+            ),
+        });
+    }
+    Ok(user)
 }
 
 fn exit_info(code: i64) -> ExitInfo {
@@ -281,6 +352,8 @@ fn channel_reader(receiver: mpsc::Receiver<io::Result<Bytes>>) -> BoxedReader {
 /// Controls one exec (see the module docs for how kill works).
 struct DockerControl {
     container: Arc<ContainerHandle>,
+    /// The exec's user: the kill sweep runs as it (only it may signal the processes).
+    user: String,
     exec_id: String,
     /// Pid of the exec in the container's pid namespace, also its session id.
     pid: u32,
@@ -311,7 +384,7 @@ impl ProcessControl for DockerControl {
         if self.status.is_some() || self.killed {
             return Ok(());
         }
-        kill_session(&self.container, Some(self.pid), &self.nonce).await?;
+        kill_session(&self.container, &self.user, Some(self.pid), &self.nonce).await?;
         self.killed = true;
         Ok(())
     }
@@ -325,12 +398,13 @@ impl Drop for DockerControl {
         // Dropped without a completed wait (a cancelled request): the tree must not outlive
         // it. Killing needs the daemon, so it runs as a task of its own.
         let container = self.container.clone();
+        let user = std::mem::take(&mut self.user);
         let pid = self.pid;
         let nonce = std::mem::take(&mut self.nonce);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    if let Err(error) = kill_session(&container, Some(pid), &nonce).await {
+                    if let Err(error) = kill_session(&container, &user, Some(pid), &nonce).await {
                         tracing::warn!(container = %container.container_name, pid, %error, "could not kill a dropped exec");
                     }
                 });

@@ -14,6 +14,9 @@ pub(crate) struct Scripts {
     pub mount_point: String,
     /// Wraps every spawned process: resolves the cwd, finds argv[0], reports its pid.
     pub spawn: String,
+    /// Wraps a secret-holding process: private HOME and cwd, a pinned copy or a system
+    /// program, then like `spawn`.
+    pub secret: String,
     /// Streams a regular file on stdout.
     pub read: String,
     /// Writes stdin (content + trailer) to a temp file and renames it over the target.
@@ -27,6 +30,7 @@ impl Scripts {
         Self {
             mount_point: mount_point.to_owned(),
             spawn: format!("{prefix}{}", include_str!("scripts/spawn.sh")),
+            secret: format!("{prefix}{}", include_str!("scripts/secret.sh")),
             read: format!("{prefix}{}", include_str!("scripts/read.sh")),
             write: format!("{prefix}{}", include_str!("scripts/write.sh")),
         }

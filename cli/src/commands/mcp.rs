@@ -68,6 +68,10 @@ pub struct AddArgs {
     /// Working directory of the stdio server, relative to the workspace root.
     #[arg(long, default_value = "")]
     pub cwd: String,
+    /// SHA-256 of the stdio program (64 lowercase hex digits); required when --command is
+    /// a workspace path and the server gets a --secret-env.
+    #[arg(long, conflicts_with = "url")]
+    pub sha256: Option<String>,
     /// URL of a streamable-HTTP server.
     #[arg(long)]
     pub url: Option<String>,
@@ -135,6 +139,7 @@ pub async fn run(command: McpCommand, global: &GlobalArgs, io: &mut Io<'_>) -> a
                     args: args.args,
                     env: values(args.env, args.secret_env),
                     cwd: args.cwd,
+                    sha256: args.sha256.unwrap_or_default(),
                 }),
                 (None, Some(url)) => {
                     mcp_server::Transport::Http(McpHttp { url, headers: values(args.headers, args.secret_headers) })

@@ -132,6 +132,8 @@ pub async fn start(limits: Limits) -> Harness {
     node.max_execs_per_workspace = limits.max_execs_per_workspace;
     node.max_file_bytes = limits.max_file_bytes;
     node.allow_unsandboxed = true;
+    // The MCP HTTP fixture listens on loopback, which the SSRF guard refuses unless allowed.
+    node.contract.mcp.allowed_cidrs = vec!["127.0.0.1/32".parse().unwrap()];
     tokio::spawn(berth_node_agent::serve(node_listener, node, cancel.clone()));
     let harness = Harness { token_endpoint, jwt_endpoint, node_endpoint, node_secret, registry, dir, cancel };
     harness.wait_ready().await;

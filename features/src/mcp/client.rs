@@ -1,6 +1,13 @@
 //! Starting one live MCP client: a stdio server spawned inside the workspace's sandbox
 //! through [`Backend::spawn`] (MCP over its stdin/stdout), or a streamable-HTTP server
 //! connected from the node agent.
+//!
+//! A stdio server that receives a secret is spawned as [`SpawnRole::SecretHolder`]: the
+//! backend keeps it from the workspace's processes (another identity, a private `HOME` and
+//! cwd), and a program from the workspace runs only as a copy checked against the
+//! declaration's `sha256` pin ([`McpServerConfig::program_pin`]). It gets exactly the
+//! declaration's env (bound to its hash), nothing of the workspace's. An HTTP server is
+//! reached only through the SSRF guard ([`super::ssrf`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -16,7 +23,8 @@ use tokio::io::AsyncReadExt;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::secrets::SecretStore;
-use berth_workspace::backend::{BackendRef, ExitInfo, SpawnSpec};
+use super::ssrf::{TargetPolicy, guarded_client};
+use berth_workspace::backend::{BackendRef, ExitInfo, SpawnRole, SpawnSpec};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::id::WorkspaceId;
 use berth_workspace::mcp::config::{ConfigValue, McpServerConfig, McpTransport};
@@ -89,14 +97,26 @@ pub async fn start(
     workspace: &WorkspaceId,
     config: &McpServerConfig,
     secrets: &SecretStore,
+    targets: &Arc<TargetPolicy>,
     start_timeout: Duration,
 ) -> Result<LiveClient> {
     let binding = config.binding();
     let failed = |reason: String| WorkspaceError::McpServerFailed { server: config.name.clone(), reason };
     match &config.transport {
-        McpTransport::Stdio { command, args, env, cwd } => {
+        McpTransport::Stdio { command, args, env, cwd, .. } => {
             let mut spawn = SpawnSpec::new(std::iter::once(command.clone()).chain(args.iter().cloned()).collect());
             spawn.cwd = RelPath::parse(cwd)?;
+            if config.holds_secrets() {
+                // Refused before any secret is read: an unpinned workspace program.
+                spawn.program_sha256 = config.program_pin()?;
+                spawn.role = SpawnRole::SecretHolder;
+                if spawn.program_sha256.is_some() {
+                    // A pinned program is named from the workspace root (the cwd of a
+                    // secret holder is private, not the declared one).
+                    spawn.argv[0] = spawn.cwd.join(command)?.as_str().to_owned();
+                    spawn.cwd = RelPath::root();
+                }
+            }
             spawn.env =
                 resolve_all(workspace, env, secrets, &binding).await.map_err(|error| failed(error.to_string()))?;
             let spawned = backend.spawn(&spawn).await.map_err(|error| match error {
@@ -124,6 +144,8 @@ pub async fn start(
         }
         McpTransport::Http { url, headers } => {
             install_crypto_provider();
+            // Before any secret is read; the connection is guarded again by the resolver.
+            targets.check_url(&config.name, url).await?;
             let resolved =
                 resolve_all(workspace, headers, secrets, &binding).await.map_err(|error| failed(error.to_string()))?;
             let mut custom = HashMap::new();
@@ -134,7 +156,8 @@ pub async fn start(
                     .map_err(|_| failed(format!("value of header {name} is not valid")))?;
                 custom.insert(name, value);
             }
-            let transport = StreamableHttpClientTransport::from_config(
+            let transport = StreamableHttpClientTransport::with_client(
+                guarded_client(Arc::clone(targets))?,
                 StreamableHttpClientTransportConfig::with_uri(url.clone()).custom_headers(custom),
             );
             let service = match tokio::time::timeout(start_timeout, ClientConfig::default().serve(transport)).await {

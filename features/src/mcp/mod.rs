@@ -8,6 +8,7 @@
 pub mod client;
 pub mod pool;
 pub mod secrets;
+pub mod ssrf;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use rmcp::{Peer, RoleClient, ServiceError};
 pub use self::client::install_crypto_provider;
 pub use self::pool::{McpPool, McpPoolConfig};
 pub use self::secrets::SecretStore;
+pub use self::ssrf::{Cidr, TargetPolicy};
 use berth_workspace::backend::{Backend, BackendRef};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::id::WorkspaceId;
@@ -39,6 +41,9 @@ pub struct McpServiceConfig {
     pub max_call_timeout: Duration,
     /// Declarations a corrupt `.mcp` is re-seeded with.
     pub defaults: Vec<McpServerConfig>,
+    /// Address ranges an HTTP server may be reached at besides public addresses
+    /// (`--mcp-allow-cidr`); loopback, private, link-local... are refused otherwise.
+    pub allowed_cidrs: Vec<Cidr>,
 }
 
 impl Default for McpServiceConfig {
@@ -49,6 +54,7 @@ impl Default for McpServiceConfig {
             default_call_timeout: Duration::from_secs(60),
             max_call_timeout: Duration::from_secs(3600),
             defaults: Vec::new(),
+            allowed_cidrs: Vec::new(),
         }
     }
 }
@@ -58,6 +64,7 @@ pub struct McpService {
     config: McpServiceConfig,
     pool: McpPool,
     secrets: Arc<SecretStore>,
+    targets: Arc<TargetPolicy>,
     /// Serialises read-modify-writes of each workspace's `.mcp`.
     config_locks: Mutex<HashMap<WorkspaceId, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -65,7 +72,8 @@ pub struct McpService {
 impl McpService {
     pub fn new(config: McpServiceConfig, secrets: Arc<SecretStore>) -> Self {
         install_crypto_provider();
-        Self { pool: McpPool::new(config.pool), config, secrets, config_locks: Mutex::new(HashMap::new()) }
+        let targets = Arc::new(TargetPolicy::new(config.allowed_cidrs.clone()));
+        Self { pool: McpPool::new(config.pool), config, secrets, targets, config_locks: Mutex::new(HashMap::new()) }
     }
 
     pub fn pool(&self) -> &McpPool {
@@ -163,11 +171,11 @@ impl McpService {
         let Some(config) = loaded.servers.into_iter().find(|server| server.name == name) else {
             return Err(WorkspaceError::NameNotFound { kind: "mcp server", name: name.to_owned() });
         };
-        let secrets = &self.secrets;
+        let (secrets, targets) = (&self.secrets, &self.targets);
         let start_timeout = self.config.start_timeout;
         self.pool
             .peer(workspace, name, &config.binding(), || {
-                client::start(backend, workspace, &config, secrets, start_timeout)
+                client::start(backend, workspace, &config, secrets, targets, start_timeout)
             })
             .await
     }

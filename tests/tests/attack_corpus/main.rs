@@ -7,5 +7,6 @@
 //! One module per area; each module's doc names the attacks and entry points it covers.
 
 mod bwrap;
+mod mcp;
 mod network;
 mod policy;

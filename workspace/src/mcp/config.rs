@@ -3,15 +3,18 @@
 //!
 //! ```json
 //! [{"name": "echo", "transport": "stdio", "command": "bin/echo", "args": [],
-//!   "env": {"TOKEN": {"secret_ref": "mcp/echo/env/TOKEN"}}, "cwd": ""},
+//!   "env": {"TOKEN": {"secret_ref": "mcp/echo/env/TOKEN"}}, "cwd": "",
+//!   "sha256": "<64 hex digits of bin/echo>"},
 //!  {"name": "docs", "transport": "http", "url": "https://example.com/mcp",
 //!   "headers": {"Authorization": {"secret_ref": "mcp/docs/header/authorization"}}}]
 //! ```
 //!
 //! Secret values never appear here: a secret env value or header is a `secret_ref` into the
-//! node's private [`super::SecretStore`]. Written atomically (the backend's `write_file`),
-//! validated on every load; a file that fails to parse or validate is replaced by the
-//! node's defaults with a warning, never a crash.
+//! node's private secret store (in `berth-features`). A stdio server given a secret whose
+//! command is a workspace path must carry the program's `sha256`; it runs only as a copy
+//! with that digest ([`McpServerConfig::program_pin`]). Written atomically (the backend's
+//! `write_file`), validated on every load; a file that fails to parse or validate is
+//! replaced by the node's defaults with a warning, never a crash.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -20,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::backend::Backend;
-use crate::error::{Result, WorkspaceError};
+use crate::error::{McpRefusal, Result, WorkspaceError};
 use crate::id::validate_id;
 use crate::layout::MCP_FILE;
 use crate::path::RelPath;
@@ -53,6 +56,12 @@ pub enum McpTransport {
         /// Working directory relative to the workspace root; empty = root.
         #[serde(default)]
         cwd: String,
+        /// SHA-256 (64 lowercase hex digits) of the program when `command` is a workspace
+        /// path: a server that receives secrets runs only a copy of the program with this
+        /// digest (see [`McpServerConfig::program_pin`]). Part of the binding. Absent from
+        /// the file when unset, so older declarations keep their binding.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sha256: Option<String>,
     },
     /// A streamable-HTTP server, connected from the node agent.
     Http {
@@ -101,7 +110,17 @@ impl McpServerConfig {
             }
         };
         match &self.transport {
-            McpTransport::Stdio { command, args, env, cwd } => {
+            McpTransport::Stdio { command, args, env, cwd, sha256 } => {
+                if let Some(digest) = sha256 {
+                    if parse_sha256(digest).is_none() {
+                        return Err(invalid(format!("sha256 {digest:?} must be 64 lowercase hex digits")));
+                    }
+                    if !is_workspace_command(command) {
+                        return Err(invalid(format!(
+                            "sha256 pins a workspace program (a relative path with a /); {command:?} is a system command"
+                        )));
+                    }
+                }
                 if command.trim().is_empty() || command.contains('\0') {
                     return Err(invalid("command must be non-empty and free of NUL".into()));
                 }
@@ -144,12 +163,64 @@ impl McpServerConfig {
         hex::encode(Sha256::digest(&canonical))
     }
 
+    /// Whether the server receives a secret (a `secret_ref` env value or header): such a
+    /// stdio server runs as a `SpawnRole::SecretHolder`.
+    pub fn holds_secrets(&self) -> bool {
+        let values = match &self.transport {
+            McpTransport::Stdio { env, .. } => env.values(),
+            McpTransport::Http { headers, .. } => headers.values(),
+        };
+        values.into_iter().any(|value| matches!(value, ConfigValue::Secret { .. }))
+    }
+
+    /// The program digest a secret-holding stdio server must be spawned with: `Some` when
+    /// its command is a workspace path (then the declaration must pin it), `None` for a
+    /// system command (an absolute path or a name looked up in `PATH`) and for servers
+    /// without secrets (they run as the agent anyway).
+    ///
+    /// Errors: `McpRefused(UnpinnedProgram)` for a secret holder whose workspace command
+    /// has no `sha256`.
+    pub fn program_pin(&self) -> Result<Option<[u8; 32]>> {
+        let McpTransport::Stdio { command, sha256, .. } = &self.transport else {
+            return Ok(None);
+        };
+        if !self.holds_secrets() {
+            return Ok(None);
+        }
+        match sha256.as_deref().and_then(parse_sha256) {
+            Some(pin) => Ok(Some(pin)),
+            None if is_workspace_command(command) => Err(WorkspaceError::McpRefused {
+                server: self.name.clone(),
+                reason: McpRefusal::UnpinnedProgram { command: command.clone() },
+            }),
+            None => Ok(None),
+        }
+    }
+
     pub fn transport_name(&self) -> &'static str {
         match self.transport {
             McpTransport::Stdio { .. } => "stdio",
             McpTransport::Http { .. } => "http",
         }
     }
+}
+
+/// Whether a stdio command names a file of the workspace: a relative path with a `/`
+/// (`bin/server`, `./server`), resolved against the server's cwd in the workspace. A bare
+/// name is looked up in `PATH` and an absolute path is the sandbox's own (a backend refuses
+/// one inside the workspace for a secret holder).
+pub fn is_workspace_command(command: &str) -> bool {
+    !command.starts_with('/') && command.contains('/')
+}
+
+/// Parses a pin: exactly 64 lowercase hex digits.
+pub fn parse_sha256(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.bytes().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    hex::decode_to_slice(text, &mut digest).ok()?;
+    Some(digest)
 }
 
 /// Validates a whole list: every declaration, unique names, the count.
@@ -229,6 +300,7 @@ mod tests {
                 args: vec![],
                 env: BTreeMap::from([("K".into(), ConfigValue::Secret { secret_ref: secret_ref(name, "env", "K") })]),
                 cwd: String::new(),
+                sha256: None,
             },
         }
     }
@@ -262,5 +334,57 @@ mod tests {
             assert!(server.validate().is_err(), "{url}");
         }
         assert_ne!(stdio("a").binding(), stdio("b").binding());
+    }
+
+    #[test]
+    fn secret_holders_in_the_workspace_are_pinned() {
+        let pin = "ab".repeat(32);
+        let mut server = stdio("a");
+        // bin/x receives a secret and is a workspace path: refused without a pin.
+        assert!(matches!(
+            server.program_pin(),
+            Err(WorkspaceError::McpRefused { reason: McpRefusal::UnpinnedProgram { .. }, .. })
+        ));
+        let unpinned_binding = server.binding();
+        if let McpTransport::Stdio { sha256, .. } = &mut server.transport {
+            *sha256 = Some(pin.clone());
+        }
+        server.validate().unwrap();
+        assert_eq!(server.program_pin().unwrap(), Some([0xab; 32]));
+        // The pin is part of the binding: another pin cannot receive the secret.
+        assert_ne!(server.binding(), unpinned_binding);
+        let pinned_binding = server.binding();
+        if let McpTransport::Stdio { sha256, .. } = &mut server.transport {
+            *sha256 = Some("cd".repeat(32));
+        }
+        assert_ne!(server.binding(), pinned_binding);
+        for bad in ["AB".repeat(32), "ab".repeat(31), "zz".repeat(32)] {
+            if let McpTransport::Stdio { sha256, .. } = &mut server.transport {
+                *sha256 = Some(bad.clone());
+            }
+            assert!(server.validate().is_err(), "{bad}");
+        }
+        // A pin is for workspace programs only.
+        let mut pinned_system = server.clone();
+        if let McpTransport::Stdio { command, sha256, .. } = &mut pinned_system.transport {
+            *command = "/usr/bin/python3".into();
+            *sha256 = Some(pin.clone());
+        }
+        assert!(pinned_system.validate().is_err());
+        // System commands need no pin; servers without secrets need none either.
+        for command in ["/usr/bin/python3", "npx"] {
+            let mut system = stdio("s");
+            if let McpTransport::Stdio { command: program, .. } = &mut system.transport {
+                *program = command.into();
+            }
+            assert_eq!(system.program_pin().unwrap(), None, "{command}");
+        }
+        let mut plain = stdio("p");
+        if let McpTransport::Stdio { env, .. } = &mut plain.transport {
+            env.clear();
+        }
+        assert_eq!(plain.program_pin().unwrap(), None);
+        // An unset pin is absent from the file, so older declarations keep their binding.
+        assert!(!serde_json::to_string(&stdio("a")).unwrap().contains("sha256"));
     }
 }

@@ -29,8 +29,18 @@ pub struct McpServerSpec {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpecTransport {
-    Stdio { command: String, args: Vec<String>, env: BTreeMap<String, SpecValue>, cwd: String },
-    Http { url: String, headers: BTreeMap<String, SpecValue> },
+    /// `sha256`: the program's pin (see `McpTransport::Stdio`).
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: BTreeMap<String, SpecValue>,
+        cwd: String,
+        sha256: Option<String>,
+    },
+    Http {
+        url: String,
+        headers: BTreeMap<String, SpecValue>,
+    },
 }
 
 impl McpServerSpec {
@@ -48,11 +58,12 @@ impl McpServerSpec {
             }
         };
         let transport = match &self.transport {
-            SpecTransport::Stdio { command, args, env, cwd } => McpTransport::Stdio {
+            SpecTransport::Stdio { command, args, env, cwd, sha256 } => McpTransport::Stdio {
                 command: command.clone(),
                 args: args.clone(),
                 env: env.iter().map(|(key, value)| (key.clone(), convert("env", key, value))).collect(),
                 cwd: cwd.clone(),
+                sha256: sha256.clone(),
             },
             SpecTransport::Http { url, headers } => McpTransport::Http {
                 url: url.clone(),
@@ -74,6 +85,8 @@ impl McpServerSpec {
         }
         let config = McpServerConfig { name: self.name.clone(), transport };
         config.validate()?;
+        // A declaration whose secrets could reach a swappable program is refused up front.
+        config.program_pin()?;
         Ok((config, secrets))
     }
 }

@@ -115,6 +115,10 @@ pub struct NodeFlags {
     /// An MCP client unused this long is closed.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub mcp_idle_timeout: Duration,
+    /// Address range (CIDR, or one address) HTTP MCP servers may be reached at although it
+    /// is loopback, private, link-local, CGNAT... (repeatable; default: public addresses only).
+    #[arg(long = "mcp-allow-cidr", value_parser = parse_cidr)]
+    pub mcp_allow_cidr: Vec<berth_node_agent::contract::Cidr>,
     /// Largest content of one skill or tree archive, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub tree_max_bytes: u64,
@@ -183,6 +187,10 @@ impl LimitFlags {
     }
 }
 
+fn parse_cidr(text: &str) -> Result<berth_node_agent::contract::Cidr, String> {
+    text.parse()
+}
+
 impl NodeFlags {
     pub fn apply(&self, config: &mut NodeAgentConfig) -> anyhow::Result<()> {
         config.backends = split_list(&self.backends);
@@ -205,6 +213,7 @@ impl NodeFlags {
         contract.skills_seed = self.skills_seed.clone();
         contract.mcp.pool.max_live = self.mcp_max_live;
         contract.mcp.pool.idle_timeout = self.mcp_idle_timeout;
+        contract.mcp.allowed_cidrs = self.mcp_allow_cidr.clone();
         contract.tree_limits =
             berth_workspace::tree::TreeLimits { max_bytes: self.tree_max_bytes, max_files: self.tree_max_files };
         if let Some(path) = &self.mcp_defaults {
