@@ -2,6 +2,9 @@
 //!
 //! - **exec env → host:** `LD_PRELOAD=<host path of an uploaded .so>` in an exec's env;
 //! - **spec env → host:** the same in the workspace spec's env;
+//! - **`.mcp` env → host:** the same in the env of a stdio MCP server, one with plain values
+//!   only (started as the agent) and one that also holds a secret (started as a secret
+//!   holder);
 //! - **tenant A → tenant B by host path:** A's sandbox, and A's host uid outside it, try
 //!   to list, read and write B's workspace by its host path;
 //! - **memory bomb:** one runaway process, and the same memory spread over processes that
@@ -217,4 +220,50 @@ async fn a_memory_bomb_is_contained_and_the_node_keeps_serving() {
         assert_eq!(String::from_utf8_lossy(&after.stdout), "fine\n", "{}", output_of(&after));
     }
     assert!(up.is_running(), "berth up died");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ld_preload_in_an_mcp_server_env_stays_in_the_sandbox() {
+    use berth_proto::v1::contract_service_client::ContractServiceClient;
+    use berth_proto::v1::mcp_server::Transport;
+
+    let (data_dir, up) = bubblewrap_node().await;
+    let build_dir = tempfile::tempdir().unwrap();
+    let marker = std::env::temp_dir().join(token("berth-attack-mcp-env-"));
+    let library = planted_library(build_dir.path(), &marker);
+    let workspace = workspace_of(&up, "mallory", None).await;
+    up.write_file(&workspace, "x.so", &library).await.expect("upload the library");
+    let host_path = host_root(data_dir.path(), &workspace).join("x.so").display().to_string();
+    let plain = |value: &str| v1::McpValue { value: value.into(), secret: false };
+    let mut contract = ContractServiceClient::new(up.channel());
+    for (name, secret) in [("plain", None), ("holder", Some("s3cret-value"))] {
+        let mut env: std::collections::HashMap<String, v1::McpValue> =
+            [("LD_PRELOAD".to_owned(), plain(&host_path))].into_iter().collect();
+        if let Some(secret) = secret {
+            env.insert("TOKEN".into(), v1::McpValue { value: secret.into(), secret: true });
+        }
+        // A system program (no pin needed) that is no MCP server: the start fails, but the
+        // spawn — where a host-side preload would run — happens.
+        let stdio = v1::McpStdio { command: "/bin/true".into(), env, ..Default::default() };
+        let server = v1::McpServer { name: name.into(), transport: Some(Transport::Stdio(stdio)) };
+        let added = contract
+            .add_mcp(v1::AddMcpRequest { workspace_id: workspace.clone(), server: Some(server), replace: true })
+            .await;
+        added.unwrap_or_else(|status| panic!("add the {name} server: {status}"));
+        let listed = contract
+            .list_mcp_tools(v1::ListMcpToolsRequest {
+                workspace_id: workspace.clone(),
+                server: name.into(),
+                timeout_ms: 10_000,
+            })
+            .await;
+        let refused = listed.expect_err("/bin/true answered as an MCP server");
+        // The sandboxed loader saw the variable and found no such file: the env reached the
+        // server, inside the sandbox only.
+        assert!(
+            refused.message().contains("from LD_PRELOAD cannot be preloaded"),
+            "the {name} server did not start with the env: {refused:?}"
+        );
+        assert!(!marker.exists(), "LD_PRELOAD from the {name} MCP server's env ran code on the host");
+    }
 }

@@ -10,3 +10,4 @@ mod bwrap;
 mod mcp;
 mod network;
 mod policy;
+mod tenants;
