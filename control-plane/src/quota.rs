@@ -16,7 +16,7 @@
 //! per such window. The per-replica reservation closes the race within one replica
 //! exactly; closing it cluster-wide would take a per-user create lock in the registry held
 //! for the bind, with the count taken once the view has caught up to the lock's revision
-//! (serializing one user's creates cluster-wide; docs/isolation-policy.md).
+//! (serializing one user's creates cluster-wide; docs/isolation/policy.md).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
