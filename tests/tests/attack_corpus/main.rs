@@ -11,3 +11,23 @@ mod mcp;
 mod network;
 mod policy;
 mod tenants;
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root named `name` below `base` (a node's data dir holds the roots a few
+/// levels down): the first directory of that name holding the fixed layout's `.mcp`.
+pub fn find_dir(base: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(base).ok()?.flatten() {
+        let path = entry.path();
+        if !entry.file_type().ok()?.is_dir() {
+            continue;
+        }
+        if entry.file_name() == name && path.join(".mcp").exists() {
+            return Some(path);
+        }
+        if let Some(found) = find_dir(&path, name) {
+            return Some(found);
+        }
+    }
+    None
+}

@@ -30,6 +30,8 @@ use berth_proto::v1::{self, mcp_server};
 use berth_tests::berth::{BerthProcess, start_up};
 use tonic::transport::Channel;
 
+use super::find_dir;
+
 /// A `berth up` node offering `backend`, and its data directory.
 struct Node {
     up: BerthProcess,
@@ -111,22 +113,6 @@ impl Node {
         };
         self.contract().call_mcp_tool(request).await.map(tonic::Response::into_inner)
     }
-}
-
-fn find_dir(base: &Path, name: &str) -> Option<PathBuf> {
-    for entry in std::fs::read_dir(base).ok()?.flatten() {
-        let path = entry.path();
-        if !entry.file_type().ok()?.is_dir() {
-            continue;
-        }
-        if entry.file_name() == name && path.join(".mcp").exists() {
-            return Some(path);
-        }
-        if let Some(found) = find_dir(&path, name) {
-            return Some(found);
-        }
-    }
-    None
 }
 
 /// Every file below `dir` (on the host) whose content holds `secret`.

@@ -9,30 +9,15 @@
 //! workspace must not appear there. Bubblewrap's two-tenant case is in `bwrap.rs`
 //! (`tenant_a_cannot_list_read_or_write_tenant_b_by_host_path`), MCP secrets in `mcp.rs`.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use berth_proto::v1;
 use berth_tests::berth::{BerthProcess, start_up};
 
+use super::find_dir;
+
 fn unique(prefix: &str) -> String {
     format!("{prefix}{}", hex::encode(rand::random::<[u8; 6]>()))
-}
-
-/// The host directory named `name` below `dir` (workspace roots live under the data dir).
-fn find_dir(dir: &Path, name: &str) -> Option<PathBuf> {
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-            if entry.file_name() == name {
-                return Some(path);
-            }
-            if let Some(found) = find_dir(&path, name) {
-                return Some(found);
-            }
-        }
-    }
-    None
 }
 
 async fn workspace_of(up: &BerthProcess, user: &str) -> String {
