@@ -127,14 +127,14 @@ async fn workspace_processes_cannot_reach_a_running_secret_holder() {
     spawn.argv = vec!["/bin/sleep".into(), "300".into()];
     let mut server = backend.spawn(&spawn).await.expect("spawn the secret holder");
     assert_eventually("the secret holder runs", Duration::from_secs(10), || async {
-        let out = sh(backend, "ps -o args | grep -c '^/bin/sleep 300'", &[]).await;
+        let out = sh(backend, "ps -o args | grep -c '/bin/sleep 300$'", &[]).await;
         String::from_utf8_lossy(&out.stdout).trim() == "1"
     })
     .await;
     let attack = sh(
         backend,
         "for f in /proc/[0-9]*/environ; do cat \"$f\"; done 2>&1; \
-         pid=$(ps -o pid,args | awk '$2 == \"/bin/sleep\" {print $1; exit}'); \
+         pid=$(ps -o pid,args | awk '$2 ~ /\\/bin\\/sleep$/ {print $1; exit}'); \
          kill -9 \"$pid\" && echo killed; ls /tmp/berth-secret.* 2>&1; touch /tmp/berth-secret.*/x && echo planted",
         &[],
     )
@@ -161,4 +161,37 @@ async fn secret_holders_run_on_a_read_only_root() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.exit_code, 0, "{text} {}", String::from_utf8_lossy(&out.stderr));
     assert!(text.starts_with("64000\n/tmp/berth-secret."), "{text}");
+}
+
+/// The agent re-points a symlink between a system program (passes the check) and its own
+/// script (would run with the secret) while secret holders start: what runs must be what
+/// was checked, every time.
+#[tokio::test]
+async fn a_symlink_repointed_after_the_check_never_runs_the_agents_program() {
+    let ws = workspace(&WorkspaceSpec::default()).await;
+    let backend = &*ws.backend;
+    sh_ok(
+        backend,
+        "printf '#!/bin/sh\\nenv > /tmp/leak.txt; chmod 644 /tmp/leak.txt\\n' > /tmp/mine.sh && chmod 755 /tmp/mine.sh",
+        &[],
+    )
+    .await;
+    let swapping = "while :; do ln -sf /bin/busybox /tmp/evil.a; mv -f /tmp/evil.a /tmp/evil; \
+                    ln -sf /tmp/mine.sh /tmp/evil.b; mv -f /tmp/evil.b /tmp/evil; done";
+    let mut swapper = backend
+        .spawn(&berth_workspace::SpawnSpec::new(vec!["sh".into(), "-c".into(), swapping.into()]))
+        .await
+        .expect("start the swapper");
+    let mut started = 0;
+    for _ in 0..80 {
+        if backend.exec(&secret_exec(&["/tmp/evil"], None)).await.is_ok() {
+            started += 1;
+        }
+    }
+    swapper.control.kill().await.unwrap();
+    let leak = sh(backend, "cat /tmp/leak.txt", &[]).await;
+    assert!(
+        !String::from_utf8_lossy(&leak.stdout).contains(SECRET),
+        "the agent's program ran as the secret holder ({started} of 80 starts got past the check)"
+    );
 }

@@ -4,8 +4,10 @@
 # agent squatted) for HOME and cwd. With a PIN (64 hex digits; "-" for none), ARGV[0] is a
 # workspace path relative to CWD: it is copied into the private directory, the copy's
 # SHA-256 checked against PIN and the copy run, so a program swapped after the check is
-# never run. Without one, ARGV[0] must resolve outside the workspace to a file owned by
-# root that no one else may write (it runs as given: busybox applets need their name). Reports like
+# never run. Without one, ARGV[0] must resolve outside the workspace to a file that it and
+# every directory above are owned by root and writable by no one else; the resolved path is
+# run (through a link in the private directory that keeps ARGV[0]'s name for busybox
+# applets), never ARGV[0] again, so a symlink re-pointed after the check is moot. Reports like
 # spawn.sh ("NONCE ok PID" / "NONCE fail KIND") and execs ARGV.
 nonce=$1
 dir=$2
@@ -71,14 +73,27 @@ else
 	case $real in
 	"$W" | "$W"/*) berth_fail inworkspace ;;
 	esac
-	# A system program: owned by root and not writable by anyone else (the agent can
-	# write /tmp, and a directory it owns anywhere outside the workspace).
-	owner=$(stat -c '%u %A' -- "$real") || berth_fail noprogram
-	case $owner in
-	'0 '?????w???? | '0 '????????w?) berth_fail notsystem ;;
-	'0 '*) ;;
-	*) berth_fail notsystem ;;
-	esac
+	# A system program: the file and every directory above it owned by root and writable
+	# by no one else (the agent can write /tmp, and a directory it owns anywhere outside
+	# the workspace), so nothing can be swapped in between this check and the exec.
+	path=$real
+	while :; do
+		owner=$(stat -c '%u %A' -- "${path:-/}") || berth_fail noprogram
+		case $owner in
+		'0 '?????w???? | '0 '????????w?) berth_fail notsystem ;;
+		'0 '*) ;;
+		*) berth_fail notsystem ;;
+		esac
+		[ -n "$path" ] || break
+		path=${path%/*}
+	done
+	# What runs is the checked path, never the name given (a symlink the agent can
+	# re-point): a link to it in the private directory keeps the name, which multi-call
+	# binaries (busybox) read to pick their applet.
+	mkdir -- "$home/bin" || berth_fail private
+	ln -s -- "$real" "$home/bin/${program##*/}" || berth_fail private
+	shift
+	set -- "$home/bin/${program##*/}" "$@"
 fi
 cd -- "$home" || berth_fail private
 export HOME="$home"
