@@ -104,8 +104,13 @@ impl TargetPolicy {
     }
 
     /// `Err(class)` when `address` is in a refused class and no allowed range holds it.
+    /// The node's own addresses (any class) are refused too ([`node_addresses`]).
     pub fn check(&self, address: IpAddr) -> std::result::Result<(), &'static str> {
-        match non_public_class(address) {
+        let class = non_public_class(address).or_else(|| {
+            let canonical = address.to_canonical();
+            node_addresses().iter().any(|own| own.to_canonical() == canonical).then_some("the node's own address")
+        });
+        match class {
             Some(class) if !self.allowed.iter().any(|range| range.contains(address)) => Err(class),
             _ => Ok(()),
         }
@@ -152,6 +157,42 @@ impl TargetPolicy {
             }),
         }
     }
+}
+
+/// The node's own addresses, read from the kernel at each call (`/proc/net/fib_trie` for
+/// IPv4, `/proc/net/if_inet6` for IPv6), so an address the node gains later counts too.
+/// Replicas, node agents, etcd and metrics listen on them: a public-looking address of the
+/// node is as much the cluster as loopback is.
+pub fn node_addresses() -> Vec<IpAddr> {
+    let mut found = std::fs::read_to_string("/proc/net/fib_trie").map(|trie| local_v4(&trie)).unwrap_or_default();
+    found.extend(std::fs::read_to_string("/proc/net/if_inet6").map(|table| local_v6(&table)).unwrap_or_default());
+    found
+}
+
+/// The `/32 host LOCAL` entries of a fib_trie dump: the leaf line (`|-- a.b.c.d`) names
+/// the address, the line after it says it is one of this host's.
+fn local_v4(trie: &str) -> Vec<IpAddr> {
+    let mut found: Vec<IpAddr> = Vec::new();
+    let mut leaf = None;
+    for line in trie.lines().map(str::trim) {
+        if let Some(address) = line.strip_prefix("|-- ") {
+            leaf = address.parse::<Ipv4Addr>().ok();
+        } else if line.starts_with("/32 host LOCAL") {
+            if let Some(address) = leaf.map(IpAddr::V4).filter(|address| !found.contains(address)) {
+                found.push(address);
+            }
+        }
+    }
+    found
+}
+
+/// The addresses of `/proc/net/if_inet6` (32 hex digits first on each line).
+fn local_v6(table: &str) -> Vec<IpAddr> {
+    table
+        .lines()
+        .filter_map(|line| u128::from_str_radix(line.split_whitespace().next()?, 16).ok())
+        .map(|bits| IpAddr::V6(Ipv6Addr::from(bits)))
+        .collect()
 }
 
 /// The address of an IP-literal URL (`http://10.0.0.1/`, `http://[::1]/`): such a URL is
@@ -390,6 +431,38 @@ mod tests {
         let answer = allowing.get(format!("http://localhost:{port}/")).send().await.unwrap();
         assert_eq!(answer.status(), 200);
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// The node's own addresses are the cluster's too (replicas, node agents, etcd and
+    /// metrics listen there), public-looking or not: refused unless allowed.
+    #[tokio::test]
+    async fn the_nodes_own_addresses_are_refused() {
+        let own: Vec<IpAddr> = node_addresses().into_iter().filter(|address| !address.is_loopback()).collect();
+        assert!(!own.is_empty(), "this host has no address but loopback");
+        let policy = TargetPolicy::default();
+        for address in &own {
+            // An IP literal is connected to without a resolver: `check_url` is its guard.
+            let host = if address.is_ipv6() { format!("[{address}]") } else { address.to_string() };
+            let url = format!("http://{host}:8080/mcp");
+            let refused = policy.check_url("s", &url).await;
+            assert!(
+                matches!(refused, Err(WorkspaceError::McpRefused { reason: McpRefusal::TargetForbidden { .. }, .. })),
+                "{url}: {refused:?}"
+            );
+        }
+        let allowing = TargetPolicy::new(own.iter().map(|address| address.to_string().parse().unwrap()).collect());
+        assert_eq!(allowing.check(own[0]), Ok(()), "an allowed range must open a node address");
+    }
+
+    #[test]
+    fn node_address_tables_parse() {
+        let trie = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n     \
+                    +-- 192.0.2.0/24 2 0 2\n        |-- 192.0.2.2\n           /32 host LOCAL\n        \
+                    |-- 192.0.2.255\n           /32 link BROADCAST\n";
+        assert_eq!(local_v4(trie), [ip("192.0.2.2")]);
+        let inet6 = "fd000000000000000000000000000002 04 40 00 80     eth0\n\
+                     00000000000000000000000000000001 01 80 10 80       lo\n";
+        assert_eq!(local_v6(inet6), [ip("fd00::2"), ip("::1")]);
     }
 
     /// An allowed server redirecting to a refused address (same origin or not) is not
