@@ -153,6 +153,11 @@ impl Workspaces {
             path: state_dir.display().to_string(),
             source,
         })?;
+        // 0700: state files hold workspace specs, their env (API keys...) included; no
+        // sandbox uid may read them, even one that got out of its sandbox.
+        tokio::fs::set_permissions(&state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .await
+            .map_err(|source| WorkspaceError::Io { op: "chmod 0700", path: state_dir.display().to_string(), source })?;
         tokio::fs::create_dir_all(self.data_dir.join("workspaces")).await.map_err(|source| WorkspaceError::Io {
             op: "create",
             path: "workspaces".into(),

@@ -267,3 +267,31 @@ async fn ld_preload_in_an_mcp_server_env_stays_in_the_sandbox() {
         assert!(!marker.exists(), "LD_PRELOAD from the {name} MCP server's env ran code on the host");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_a_cannot_read_b_spec_env_from_the_nodes_files() {
+    use std::os::unix::fs::MetadataExt as _;
+    let (data_dir, up) = bubblewrap_node().await;
+    let workspace_a = workspace_of(&up, "alice", None).await;
+    let secret = token("sk-bob-");
+    let spec =
+        v1::WorkspaceSpec { env: [("API_KEY".to_owned(), secret.clone())].into_iter().collect(), ..Default::default() };
+    let workspace_b = workspace_of(&up, "bob", Some(spec)).await;
+    assert_ne!(workspace_a, workspace_b);
+    // The node keeps B's spec (env included) in its state file and `berth up`'s registry
+    // journal; A's host uid (what an escaped process of A runs as) must read neither.
+    let uid_a = std::fs::metadata(host_root(data_dir.path(), &workspace_a)).unwrap().uid();
+    let data = data_dir.path().display().to_string();
+    let output = Command::new("setpriv")
+        .args([format!("--reuid={uid_a}"), format!("--regid={uid_a}"), "--clear-groups".into(), "--".into()])
+        .args(["grep", "-rs", &secret, &data])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!text.contains(&secret), "A's uid read B's spec env from the node's files: {text}");
+    // Control: the secret is there (as root).
+    let as_root = Command::new("grep").args(["-rls", &secret, &data]).output().unwrap();
+    assert!(!as_root.stdout.is_empty(), "the control found no copy of the secret under {data}");
+}

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Mutex, PoisonError};
@@ -150,7 +151,9 @@ fn replay(path: &Path) -> io::Result<BTreeMap<String, Bytes>> {
 fn rewrite(path: &Path, durable: &BTreeMap<String, Bytes>) -> io::Result<()> {
     let temporary = temporary_path(path);
     {
-        let mut output = BufWriter::new(File::create(&temporary)?);
+        // 0600: the journal holds every record, workspace specs (their env) included.
+        let file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&temporary)?;
+        let mut output = BufWriter::new(file);
         for (key, value) in durable {
             serde_json::to_writer(&mut output, &Line::put(key, value)).map_err(io::Error::other)?;
             output.write_all(b"\n")?;
