@@ -130,6 +130,31 @@ impl NodeLimits {
         Ok(())
     }
 
+    /// Brings a spec that already exists (restored after a restart) under today's
+    /// defaults and ceilings: zeros get the default, a value above a ceiling is lowered to
+    /// it rather than refused, since the workspace is there. Returns the limits lowered.
+    pub fn clamp_spec(&self, spec: &mut WorkspaceSpec) -> Vec<&'static str> {
+        let mut lowered = Vec::new();
+        let mut clamp = |bound: Bound, limit: &'static str, value: u64| {
+            let value = match value {
+                0 if bound.default != 0 => bound.default,
+                0 => bound.ceiling,
+                value => value,
+            };
+            if bound.ceiling != 0 && value > bound.ceiling {
+                lowered.push(limit);
+                return bound.ceiling;
+            }
+            value
+        };
+        spec.memory_bytes = clamp(self.memory_bytes, "memory bytes", spec.memory_bytes);
+        spec.cpu_millis = narrow(clamp(self.cpu_millis, "cpu millis", spec.cpu_millis.into()));
+        spec.pids = narrow(clamp(self.pids, "pids", spec.pids.into()));
+        spec.file_size_bytes = clamp(self.file_size_bytes, "file size bytes", spec.file_size_bytes);
+        spec.cpu_time_secs = narrow(clamp(self.cpu_time_secs, "cpu time secs", spec.cpu_time_secs.into()));
+        lowered
+    }
+
     /// Fills an exec request's zero timeout / output cap with the defaults and refuses
     /// values above a ceiling.
     pub fn apply_to_exec(&self, request: &mut v1::ExecRequest) -> Result<(), NodeError> {
@@ -195,6 +220,18 @@ impl OutputBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restored_spec_is_brought_under_lowered_ceilings() {
+        let limits =
+            NodeLimits { memory_bytes: Bound::new(0, 128 << 20), pids: Bound::new(64, 256), ..NodeLimits::default() };
+        let mut stored = WorkspaceSpec { memory_bytes: 0, pids: 1000, cpu_millis: 500, ..WorkspaceSpec::default() };
+        let lowered = limits.clamp_spec(&mut stored);
+        assert_eq!(lowered, ["pids"]);
+        assert_eq!(stored.memory_bytes, 128 << 20, "a stored 0 (unlimited then) gets today's ceiling");
+        assert_eq!(stored.pids, 256);
+        assert_eq!(stored.cpu_millis, 500, "no ceiling, unchanged");
+    }
 
     #[test]
     fn zero_means_the_default_and_ceilings_refuse_naming_limit_value_and_flag() {

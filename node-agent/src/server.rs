@@ -60,7 +60,7 @@ pub async fn serve(
     ));
     let contract = Arc::new(Contract::new(config.contract.clone(), config.data_dir.join("secrets")));
     workspaces.add_hook(contract.clone());
-    workspaces.restore().await?;
+    workspaces.restore(&config.limits).await?;
     // Fenced until the first registration: no lease, no serving.
     let fence = Arc::new(Fence::new());
     fence.fence();

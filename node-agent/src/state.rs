@@ -14,6 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use berth_workspace::{BackendDriverRef, BackendRef, ProvisionContext, WorkspaceError, WorkspaceId, WorkspaceSpec};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::NodeLimits;
+
 const META_VERSION: u32 = 1;
 
 /// Told about lifecycle changes, after they happened (under the workspace's lifecycle
@@ -145,8 +147,10 @@ impl Workspaces {
         names
     }
 
-    /// Loads the state files and brings back the runtimes that should run.
-    pub async fn restore(&self) -> Result<(), WorkspaceError> {
+    /// Loads the state files and brings back the runtimes that should run, under today's
+    /// defaults and ceilings (`limits`): a spec stored before the operator lowered a
+    /// ceiling is brought down to it (and logged), not left above it.
+    pub async fn restore(&self, limits: &NodeLimits) -> Result<(), WorkspaceError> {
         let state_dir = self.data_dir.join("state");
         tokio::fs::create_dir_all(&state_dir).await.map_err(|source| WorkspaceError::Io {
             op: "create",
@@ -173,7 +177,7 @@ impl Workspaces {
             if path.extension().and_then(|extension| extension.to_str()) != Some("json") {
                 continue;
             }
-            match self.restore_one(&path).await {
+            match self.restore_one(&path, limits).await {
                 Ok(id) => tracing::info!(ws_id = %id, "restored workspace"),
                 Err(error) => tracing::warn!(path = %path.display(), %error, "skipping a workspace state file"),
             }
@@ -181,14 +185,18 @@ impl Workspaces {
         Ok(())
     }
 
-    async fn restore_one(&self, path: &Path) -> Result<WorkspaceId, WorkspaceError> {
+    async fn restore_one(&self, path: &Path, limits: &NodeLimits) -> Result<WorkspaceId, WorkspaceError> {
         let bytes = tokio::fs::read(path).await.map_err(|source| WorkspaceError::Io {
             op: "read",
             path: path.display().to_string(),
             source,
         })?;
-        let meta: Meta = serde_json::from_slice(&bytes)
+        let mut meta: Meta = serde_json::from_slice(&bytes)
             .map_err(|error| WorkspaceError::Corrupt { what: path.display().to_string(), reason: error.to_string() })?;
+        let lowered = limits.clamp_spec(&mut meta.spec);
+        if !lowered.is_empty() {
+            tracing::warn!(ws_id = %meta.workspace_id, ?lowered, "restored workspace brought under today's ceilings");
+        }
         let backend = if meta.running {
             let driver = self.driver(&meta.backend)?;
             let root = self.root_of(&meta.workspace_id);

@@ -233,43 +233,49 @@ impl WorkspaceCgroup {
         self.dirs.iter().map(|dir| dir.join("cgroup.procs")).collect()
     }
 
-    /// Creates the cgroup if it is missing and writes its limits. Idempotent.
+    /// Creates the cgroup if it is missing (writing its limits then). Cheap when it exists:
+    /// called before every spawn, in case a release removed it while a handle lived on.
     pub fn ensure(&self) -> Result<(), CgroupError> {
         if self.dirs.iter().all(|dir| dir.is_dir()) {
             return Ok(());
         }
+        self.apply()
+    }
+
+    /// Creates the cgroup if it is missing and writes every limit, including "unlimited"
+    /// for one that has none: a workspace provisioned again (a node restart, a new
+    /// generation) gets today's limits, not those its cgroup was made with. Idempotent.
+    pub fn apply(&self) -> Result<(), CgroupError> {
         for dir in &self.dirs {
             create_dir(dir).map_err(io_error("create", dir))?;
         }
         let CgroupLimits { memory_bytes, cpu_millis, pids } = self.limits;
-        let quota = cpu_millis.map(|millis| u64::from(millis) * CPU_PERIOD_MICROS / 1000);
+        // The kernel refuses a quota under 1 ms.
+        let quota = cpu_millis.map(|millis| (u64::from(millis) * CPU_PERIOD_MICROS / 1000).max(1000));
         if self.v2 {
             let dir = &self.dirs[0];
-            if let Some(bytes) = memory_bytes {
-                write(dir, "memory.max", &bytes.to_string())?;
-                // No swap to spill into: the limit is the limit.
-                write_if_present(dir, "memory.swap.max", "0")?;
-            }
-            if let Some(quota) = quota {
-                write(dir, "cpu.max", &format!("{quota} {CPU_PERIOD_MICROS}"))?;
-            }
-            if let Some(pids) = pids {
-                write(dir, "pids.max", &pids.to_string())?;
-            }
+            write(dir, "memory.max", &memory_bytes.map_or("max".into(), |bytes| bytes.to_string()))?;
+            // No swap to spill into: the limit is the limit.
+            write_if_present(dir, "memory.swap.max", if memory_bytes.is_some() { "0" } else { "max" })?;
+            let quota = quota.map_or("max".into(), |quota| quota.to_string());
+            write(dir, "cpu.max", &format!("{quota} {CPU_PERIOD_MICROS}"))?;
+            write(dir, "pids.max", &pids.map_or("max".into(), |pids| pids.to_string()))?;
         } else {
             let (memory, cpu, pid_dir) = (&self.dirs[0], &self.dirs[1], &self.dirs[2]);
-            if let Some(bytes) = memory_bytes {
-                write(memory, "memory.limit_in_bytes", &bytes.to_string())?;
-                // memory+swap: must be set after the memory limit (it may not be lower).
-                write_if_present(memory, "memory.memsw.limit_in_bytes", &bytes.to_string())?;
+            let bytes = memory_bytes.map_or("-1".into(), |bytes| bytes.to_string());
+            // The kernel keeps memory <= memory+swap at every step: a cut writes memory
+            // first, a raise memory+swap first.
+            if !memory.join("memory.memsw.limit_in_bytes").exists() {
+                write(memory, "memory.limit_in_bytes", &bytes)?;
+            } else if write(memory, "memory.limit_in_bytes", &bytes).is_ok() {
+                write(memory, "memory.memsw.limit_in_bytes", &bytes)?;
+            } else {
+                write(memory, "memory.memsw.limit_in_bytes", &bytes)?;
+                write(memory, "memory.limit_in_bytes", &bytes)?;
             }
-            if let Some(quota) = quota {
-                write(cpu, "cpu.cfs_period_us", &CPU_PERIOD_MICROS.to_string())?;
-                write(cpu, "cpu.cfs_quota_us", &quota.to_string())?;
-            }
-            if let Some(pids) = pids {
-                write(pid_dir, "pids.max", &pids.to_string())?;
-            }
+            write(cpu, "cpu.cfs_period_us", &CPU_PERIOD_MICROS.to_string())?;
+            write(cpu, "cpu.cfs_quota_us", &quota.map_or("-1".into(), |quota| quota.to_string()))?;
+            write(pid_dir, "pids.max", &pids.map_or("max".into(), |pids| pids.to_string()))?;
         }
         Ok(())
     }

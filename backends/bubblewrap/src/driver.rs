@@ -334,7 +334,7 @@ impl BubblewrapDriver {
                 limits.memory_bytes = None;
                 let cgroup = cgroups.workspace(&cgroup_name(context.workspace_id, &root), cgroup_limits);
                 let created = cgroup.clone();
-                tokio::task::spawn_blocking(move || created.ensure())
+                tokio::task::spawn_blocking(move || created.apply())
                     .await
                     .map_err(|error| unavailable(format!("cgroup task failed: {error}")))??;
                 Some(cgroup)

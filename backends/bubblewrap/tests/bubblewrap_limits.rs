@@ -248,3 +248,44 @@ async fn exec_latency_report() {
         median(&mut direct_spawn)
     );
 }
+
+/// A workspace provisioned again (a node restart, a lowered ceiling) gets the new limits
+/// in its existing cgroup, not those the cgroup was made with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_again_rewrites_the_cgroup_limits() {
+    use berth_backend_bubblewrap::{BubblewrapConfig, CgroupPolicy};
+    use berth_workspace::ProvisionContext;
+    let memory_limit = |cgroup: &berth_backend_bubblewrap::cgroup::WorkspaceCgroup| {
+        cgroup
+            .procs_files()
+            .iter()
+            .filter_map(|procs| procs.parent())
+            .find_map(|dir| {
+                ["memory.limit_in_bytes", "memory.max"]
+                    .iter()
+                    .find_map(|file| std::fs::read_to_string(dir.join(file)).ok())
+            })
+            .expect("a memory limit file")
+            .trim()
+            .to_owned()
+    };
+    let required = BubblewrapConfig { cgroups: CgroupPolicy::Required, ..BubblewrapConfig::default() };
+    let spec = WorkspaceSpec { memory_bytes: 64 << 20, ..Default::default() };
+    let sandbox = bwrap_support::sandbox_with(required.clone(), spec).await;
+    let cgroup = sandbox.bubblewrap.cgroup().expect("a workspace cgroup").clone();
+    assert_eq!(memory_limit(&cgroup), (64u64 << 20).to_string());
+    // A restarted node agent: a new driver provisions the same workspace again.
+    for megabytes in [32u64, 96] {
+        let restarted = bwrap_support::driver(required.clone()).await;
+        let spec = WorkspaceSpec { memory_bytes: megabytes << 20, ..Default::default() };
+        let again = restarted
+            .provision_bubblewrap(ProvisionContext { workspace_id: &sandbox.id, root: &sandbox.root, spec: &spec })
+            .await
+            .expect("provision again");
+        let same = again.cgroup().map(|again| again.procs_files());
+        assert_eq!(same, Some(cgroup.procs_files()), "not the same cgroup");
+        // 96 after 32: a raise must pass v1's memory <= memory+swap ordering.
+        assert_eq!(memory_limit(&cgroup), (megabytes << 20).to_string(), "{megabytes} MiB was not applied");
+    }
+    sandbox.driver.release(&sandbox.id).await.unwrap();
+}
