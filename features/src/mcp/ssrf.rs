@@ -177,10 +177,10 @@ fn local_v4(trie: &str) -> Vec<IpAddr> {
     for line in trie.lines().map(str::trim) {
         if let Some(address) = line.strip_prefix("|-- ") {
             leaf = address.parse::<Ipv4Addr>().ok();
-        } else if line.starts_with("/32 host LOCAL") {
-            if let Some(address) = leaf.map(IpAddr::V4).filter(|address| !found.contains(address)) {
-                found.push(address);
-            }
+        } else if line.starts_with("/32 host LOCAL")
+            && let Some(address) = leaf.map(IpAddr::V4).filter(|address| !found.contains(address))
+        {
+            found.push(address);
         }
     }
     found
