@@ -131,8 +131,8 @@ forward! {
     AddMcpRequest => |m| mcp_spec_from_proto(m.server.clone()).map(drop);
     RemoveMcpRequest => |m| check_mcp_target(&m.name, None);
     ListMcpsRequest => |_m| Ok(());
-    ListMcpToolsRequest => |m| check_mcp_target(&m.server, None), deadline: |m| mcp_deadline(m.timeout_ms);
-    CallMcpToolRequest => |m| check_mcp_target(&m.server, Some(&m.tool))
+    ListMcpToolsRequest [USER_EXEC] => |m| check_mcp_target(&m.server, None), deadline: |m| mcp_deadline(m.timeout_ms);
+    CallMcpToolRequest [USER_EXEC] => |m| check_mcp_target(&m.server, Some(&m.tool))
         .and_then(|()| tool_arguments(&m.arguments_json).map(drop)),
         deadline: |m| mcp_deadline(m.timeout_ms);
     AddSkillHeader => |m| check_skill_name(&m.name, false);

@@ -1,5 +1,6 @@
 //! Per-user quotas of a replica: workspaces per user (`--max-workspaces-per-user`) and
-//! concurrent execs per user (`--max-execs-per-user`). A refusal is RESOURCE_EXHAUSTED at
+//! concurrent execs per user (`--max-execs-per-user`; MCP tool calls and listings count as
+//! execs: they run code in the workspace too). A refusal is RESOURCE_EXHAUSTED at
 //! once (`ControlPlaneError::QuotaExceeded`), never a wait.
 //!
 //! **Execs are counted per replica**, in memory: an exec is a forwarded call that never

@@ -31,6 +31,7 @@ use tonic::{Status, Streaming};
 use crate::error::status;
 use crate::files::BoxStream;
 use crate::gate::Admitted;
+use crate::limits::OutputBudget;
 use crate::state::LifecycleHook;
 
 type Reply<T> = Result<T, Status>;
@@ -45,8 +46,14 @@ pub struct ContractConfig {
     pub skills_seed: Option<PathBuf>,
 }
 
+/// What one MCP tool call (or tool listing) reserves from the node's output budget: the
+/// most a result can hold, since the MCP client reads a message of up to 16 MiB whole.
+pub const MCP_RESULT_RESERVE_BYTES: u64 = 16 * 1024 * 1024;
+
 pub struct Contract {
     mcp: McpService,
+    /// The node's output budget: a tool call reserves the most one result can hold.
+    output_budget: OutputBudget,
     limits: TreeLimits,
     skills_seed: Option<PathBuf>,
     indexes: Mutex<HashMap<WorkspaceId, Arc<SkillIndex>>>,
@@ -54,9 +61,10 @@ pub struct Contract {
 
 impl Contract {
     /// Secrets live in `secrets_dir` (the node's `<data-dir>/secrets`).
-    pub fn new(config: ContractConfig, secrets_dir: PathBuf) -> Self {
+    pub fn new(config: ContractConfig, secrets_dir: PathBuf, output_budget: OutputBudget) -> Self {
         Self {
             mcp: McpService::new(config.mcp, Arc::new(SecretStore::new(secrets_dir))),
+            output_budget,
             limits: config.tree_limits,
             skills_seed: config.skills_seed,
             indexes: Mutex::new(HashMap::new()),
@@ -104,6 +112,7 @@ impl Contract {
         request: v1::ListMcpToolsRequest,
     ) -> Reply<v1::ListMcpToolsResponse> {
         check_mcp_target(&request.server, None).map_err(status)?;
+        let _buffer = self.output_budget.reserve_bytes(MCP_RESULT_RESERVE_BYTES)?;
         let tools = self
             .mcp
             .list_tools(&workspace.backend, workspace.id(), &request.server, timeout_from_ms(request.timeout_ms))
@@ -120,6 +129,8 @@ impl Contract {
         let (id, backend) = (workspace.id(), &workspace.backend);
         check_mcp_target(&request.server, Some(&request.tool)).map_err(status)?;
         let arguments = tool_arguments(&request.arguments_json).map_err(status)?;
+        // Held until the answer is built; refused at once when the node cannot cover it.
+        let _buffer = self.output_budget.reserve_bytes(MCP_RESULT_RESERVE_BYTES)?;
         let output = self
             .mcp
             .call_tool(backend, id, &request.server, &request.tool, arguments, timeout_from_ms(request.timeout_ms))

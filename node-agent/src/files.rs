@@ -43,9 +43,9 @@ impl Files {
         max_file_bytes: u64,
         max_execs_per_workspace: u32,
         limits: NodeLimits,
-        output_budget_bytes: u64,
+        output_budget: OutputBudget,
     ) -> Self {
-        Self { max_file_bytes, max_execs_per_workspace, limits, output_budget: OutputBudget::new(output_budget_bytes) }
+        Self { max_file_bytes, max_execs_per_workspace, limits, output_budget }
     }
 
     pub async fn exec(&self, workspace: Admitted, mut request: v1::ExecRequest) -> Reply<v1::ExecResult> {

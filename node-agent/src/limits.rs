@@ -180,6 +180,7 @@ fn narrow(value: u64) -> u32 {
 /// `2 × max_output_bytes` (stdout and stderr) before it answers; it reserves that much
 /// before it starts, and is refused at once when the budget cannot cover it — never
 /// queued, so a flood of big-output execs cannot stall the node or exhaust its memory.
+/// MCP tool calls draw from the same budget (their results are buffered the same way).
 /// Accounted in KiB (a semaphore counts permits in `u32` per acquire).
 #[derive(Clone)]
 pub struct OutputBudget {
@@ -201,7 +202,11 @@ impl OutputBudget {
     /// Reserves the buffer of one unary exec whose streams are capped at
     /// `max_output_bytes` each.
     pub fn reserve(&self, max_output_bytes: u64) -> Result<OutputReservation, NodeError> {
-        let wanted = max_output_bytes.saturating_mul(2);
+        self.reserve_bytes(max_output_bytes.saturating_mul(2))
+    }
+
+    /// Reserves `wanted` bytes (an MCP tool result: the most one can hold).
+    pub fn reserve_bytes(&self, wanted: u64) -> Result<OutputReservation, NodeError> {
         let exhausted =
             || NodeError::OutputBudgetExhausted { wanted, available: self.available(), budget: self.total_bytes };
         let kib = u32::try_from(wanted.div_ceil(1024)).map_err(|_| exhausted())?;

@@ -17,6 +17,7 @@ use crate::fence::Fence;
 use crate::files::Files;
 use crate::gate::Gate;
 use crate::heartbeat::Heartbeater;
+use crate::limits::OutputBudget;
 use crate::service::NodeAgentApi;
 use crate::state::Workspaces;
 
@@ -58,7 +59,10 @@ pub async fn serve(
         config.default_backend().to_owned(),
         config.debug_provision_delay,
     ));
-    let contract = Arc::new(Contract::new(config.contract.clone(), config.data_dir.join("secrets")));
+    // One budget for everything buffered on its way back: unary exec output, MCP results.
+    let output_budget = OutputBudget::new(config.exec_output_budget_bytes);
+    let contract =
+        Arc::new(Contract::new(config.contract.clone(), config.data_dir.join("secrets"), output_budget.clone()));
     workspaces.add_hook(contract.clone());
     workspaces.restore(&config.limits).await?;
     // Fenced until the first registration: no lease, no serving.
@@ -82,12 +86,7 @@ pub async fn serve(
     let lifecycle = NodeAgentServiceServer::new(NodeAgentApi::new(Arc::clone(&gate), config.limits))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let files = Files::new(
-        config.max_file_bytes,
-        config.max_execs_per_workspace,
-        config.limits,
-        config.exec_output_budget_bytes,
-    );
+    let files = Files::new(config.max_file_bytes, config.max_execs_per_workspace, config.limits, output_budget);
     let data_plane = Arc::new(DataPlane::new(gate, files, contract));
     let workspace_api = WorkspaceServiceServer::from_arc(Arc::clone(&data_plane))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -452,3 +452,63 @@ async fn docker_two_tenants_cannot_read_each_others_mcp_secrets() {
 async fn bubblewrap_two_tenants_cannot_read_each_others_mcp_secrets() {
     two_tenants("bubblewrap").await;
 }
+
+// ---- MCP calls and the node's budgets ---------------------------------------------------
+
+/// Fires `calls` concurrent 3 s `sleep` tool calls; returns (succeeded, refused with
+/// RESOURCE_EXHAUSTED, the slowest refusal).
+async fn concurrent_sleeps(node: &Node, workspace: &str, calls: usize) -> (usize, usize, Duration) {
+    let started = std::time::Instant::now();
+    let outcomes = futures::future::join_all((0..calls).map(|_| async {
+        let outcome = node.call(workspace, "slow", "sleep", serde_json::json!({"ms": 3000})).await;
+        (outcome, started.elapsed())
+    }))
+    .await;
+    let mut succeeded = 0;
+    let mut refused = 0;
+    let mut slowest_refusal = Duration::ZERO;
+    for (outcome, elapsed) in outcomes {
+        match outcome {
+            Ok(_) => succeeded += 1,
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                refused += 1;
+                slowest_refusal = slowest_refusal.max(elapsed);
+            }
+            Err(status) => panic!("an MCP call failed otherwise: {status}"),
+        }
+    }
+    (succeeded, refused, slowest_refusal)
+}
+
+/// A node whose one workspace runs the fixture as server `slow`, already started.
+async fn node_with_slow_server(extra: &[&str]) -> (Node, String) {
+    let node = Node::start("bubblewrap", extra).await;
+    let workspace = node.workspace("alice", "bubblewrap").await;
+    node.install_fixture(&workspace).await;
+    let stdio = v1::McpStdio { command: berth_testkit::mcp_fixture::INSTALL_PATH.into(), ..Default::default() };
+    node.add_stdio(&workspace, "slow", stdio).await.expect("add the server");
+    node.call(&workspace, "slow", "echo", serde_json::json!({"text": "warm"})).await.expect("start the server");
+    (node, workspace)
+}
+
+/// Tool results are buffered on the node like exec output (up to 16 MiB each): a call
+/// reserves that from the node's output budget, so many concurrent calls returning large
+/// results cannot exhaust the node's memory; past the budget a call is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_calls_reserve_from_the_nodes_output_budget() {
+    // Room for exactly two calls' results.
+    let (node, workspace) = node_with_slow_server(&["--exec-output-budget-bytes", "33554432"]).await;
+    let (succeeded, refused, slowest_refusal) = concurrent_sleeps(&node, &workspace, 4).await;
+    assert_eq!((succeeded, refused), (2, 2), "4 calls on a budget of 2");
+    assert!(slowest_refusal < Duration::from_secs(2), "a refusal waited {slowest_refusal:?}: it must not queue");
+}
+
+/// MCP calls count against the caller's concurrent execs (`--max-execs-per-user`): a tool
+/// call runs code in the workspace just as an exec does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_calls_count_against_the_exec_quota() {
+    let (node, workspace) = node_with_slow_server(&["--max-execs-per-user", "1"]).await;
+    let (succeeded, refused, slowest_refusal) = concurrent_sleeps(&node, &workspace, 3).await;
+    assert_eq!((succeeded, refused), (1, 2), "3 calls on a quota of 1");
+    assert!(slowest_refusal < Duration::from_secs(2), "a refusal waited {slowest_refusal:?}: it must not queue");
+}
