@@ -39,7 +39,7 @@ use berth_workspace::id::WorkspaceId;
 use berth_workspace::spec::WorkspaceSpec;
 
 use super::backend::DockerBackend;
-use super::config::BACKEND_NAME;
+use super::config::{BACKEND_NAME, SECRET_HOLDER_USER};
 use super::config::{DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name};
 use super::container::ContainerHandle;
 use super::errors::{docker_error, is_not_found, status_code};
@@ -343,7 +343,12 @@ fn missing_image(image: &str, config: &DockerConfig) -> WorkspaceError {
 }
 
 /// Gives the workspace root directory (only it; see the module docs) to the container user.
+/// Gives the root to the container's user and closes it to every other host user: mode
+/// 0750 with the secret-holder group when the agent is root (secret holders read the
+/// workspace through the group; the agent's files are theirs to share or not), 0700
+/// otherwise. Re-applied at every provision: the workspace owns its root and could open it.
 fn prepare_root(root: &Path, uid: u32, gid: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     let display = root.display().to_string();
     // O_NOFOLLOW: the root itself must be a directory, not a symlink to one.
     let directory = std::fs::OpenOptions::new()
@@ -353,23 +358,29 @@ fn prepare_root(root: &Path, uid: u32, gid: u32) -> Result<()> {
         .map_err(|error| WorkspaceError::from_io("open workspace root", &display, error))?;
     let metadata =
         directory.metadata().map_err(|error| WorkspaceError::from_io("stat workspace root", &display, error))?;
-    if (metadata.uid(), metadata.gid()) == (uid, gid) {
-        return Ok(());
-    }
-    std::os::unix::fs::fchown(&directory, Some(uid), Some(gid)).map_err(|error| {
-        if error.kind() == std::io::ErrorKind::PermissionDenied {
-            WorkspaceError::BackendUnavailable {
-                backend: BACKEND_NAME,
-                reason: format!(
-                    "workspace root {display} is owned by {}:{}, the container runs as {uid}:{gid}, and this agent may not chown it (run the agent as that user or as root)",
-                    metadata.uid(),
-                    metadata.gid()
-                ),
+    let (group, mode) = if nix::unistd::geteuid().is_root() { (SECRET_HOLDER_USER.1, 0o750) } else { (gid, 0o700) };
+    if (metadata.uid(), metadata.gid()) != (uid, group) {
+        std::os::unix::fs::fchown(&directory, Some(uid), Some(group)).map_err(|error| {
+            if error.kind() == std::io::ErrorKind::PermissionDenied {
+                WorkspaceError::BackendUnavailable {
+                    backend: BACKEND_NAME,
+                    reason: format!(
+                        "workspace root {display} is owned by {}:{}, the container runs as {uid}:{gid}, and this agent may not chown it (run the agent as that user or as root)",
+                        metadata.uid(),
+                        metadata.gid()
+                    ),
+                }
+            } else {
+                WorkspaceError::from_io("chown workspace root", &display, error)
             }
-        } else {
-            WorkspaceError::from_io("chown workspace root", &display, error)
-        }
-    })
+        })?;
+    }
+    if metadata.permissions().mode() & 0o7777 != mode {
+        directory
+            .set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|error| WorkspaceError::from_io("chmod workspace root", &display, error))?;
+    }
+    Ok(())
 }
 
 /// The container of one workspace (pure, so it can be unit-tested).

@@ -26,6 +26,6 @@ mod scripts;
 pub use backend::DockerBackend;
 pub use config::{
     BACKEND_NAME, BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DockerConfig, NODE_LABEL, ROOT_LABEL,
-    SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name,
+    SECRET_HOLDER_USER, SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name,
 };
 pub use driver::DockerDriver;

@@ -90,4 +90,18 @@ async fn docker_tenant_a_cannot_list_read_or_write_tenant_b() {
     assert!(!loot.contains(&secret), "B's secret reached A's workspace");
     assert!(!marker.exists(), "A's container wrote into B's workspace");
     bob_running.abort();
+
+    // Outside the containers: another host uid (any local user, an escaped sandbox of
+    // another backend) cannot list or read B's workspace.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&bob_root).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & 0o007, 0, "B's root is open to every host user: {mode:o}");
+    let secret_path = bob_root.join("secret.txt").display().to_string();
+    let outsider = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "cat", &secret_path])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&outsider.stdout).contains(&secret), "another host uid read B's file");
 }
