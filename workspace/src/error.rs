@@ -111,6 +111,13 @@ pub enum McpRefusal {
     /// private, link-local...) and no `--mcp-allow-cidr` of the node allows it.
     #[error("{host} resolves to {address}, a {class} address; the node allows it only with --mcp-allow-cidr")]
     TargetForbidden { host: String, address: std::net::IpAddr, class: &'static str },
+    /// An HTTP server that was not declared through AddMcp (written into `.mcp` from inside
+    /// the workspace): the node would connect for the agent from the node's network
+    /// position, which the sandbox does not have.
+    #[error(
+        "it is an HTTP server that was not declared through AddMcp (the node connects only to HTTP servers its tenant declared, never to ones written into .mcp); add it with AddMcp"
+    )]
+    NotDeclared,
 }
 
 pub type Result<T, E = WorkspaceError> = std::result::Result<T, E>;

@@ -25,7 +25,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::secrets::SecretStore;
 use super::ssrf::{TargetPolicy, guarded_client};
 use berth_workspace::backend::{BackendRef, ExitInfo, SpawnRole, SpawnSpec};
-use berth_workspace::error::{Result, WorkspaceError};
+use berth_workspace::error::{McpRefusal, Result, WorkspaceError};
 use berth_workspace::id::WorkspaceId;
 use berth_workspace::mcp::config::{ConfigValue, McpServerConfig, McpTransport};
 use berth_workspace::path::RelPath;
@@ -144,6 +144,14 @@ pub async fn start(
         }
         McpTransport::Http { url, headers } => {
             install_crypto_provider();
+            // Only what the tenant declared through the API: an entry the agent wrote into
+            // `.mcp` would make the node connect for it, from where the sandbox cannot.
+            if !secrets.is_declared(workspace, &config.name, &binding).await? {
+                return Err(WorkspaceError::McpRefused {
+                    server: config.name.clone(),
+                    reason: McpRefusal::NotDeclared,
+                });
+            }
             // Before any secret is read; the connection is guarded again by the resolver.
             targets.check_url(&config.name, url).await?;
             let resolved =

@@ -26,6 +26,10 @@ const FILE_VERSION: u32 = 1;
 struct SecretFile {
     version: u32,
     secrets: BTreeMap<String, StoredSecret>,
+    /// The binding of each server as declared through AddMcp (server name -> binding):
+    /// what the node may connect to for an HTTP server. Absent in files of older nodes.
+    #[serde(default)]
+    declared: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -64,7 +68,8 @@ impl SecretStore {
     }
 
     /// Replaces every secret of `server` with `values` (reference -> value), bound to
-    /// `binding`. An empty `values` just removes the server's secrets.
+    /// `binding`, and records `binding` as the server's declaration. An empty `binding`
+    /// removes the server's secrets and declaration.
     pub async fn put_server(
         &self,
         workspace: &WorkspaceId,
@@ -76,11 +81,17 @@ impl SecretStore {
         let path = self.path(workspace);
         let prefix = format!("mcp/{server}/");
         let binding = binding.to_owned();
+        let server_name = server.to_owned();
         blocking(move || {
             let mut file = read(&path)?;
             file.secrets.retain(|reference, _| !reference.starts_with(&prefix));
             for (reference, value) in values {
                 file.secrets.insert(reference, StoredSecret { value, binding: binding.clone() });
+            }
+            if binding.is_empty() {
+                file.declared.remove(&server_name);
+            } else {
+                file.declared.insert(server_name, binding);
             }
             write(&path, &file)
         })
@@ -107,6 +118,15 @@ impl SecretStore {
                 "secret {reference:?} is not in the node's secret store; add the server again"
             ))),
         }
+    }
+
+    /// Whether `server` was declared through AddMcp exactly as `binding` (an edited
+    /// declaration has another binding).
+    pub async fn is_declared(&self, workspace: &WorkspaceId, server: &str, binding: &str) -> Result<bool> {
+        let _guard = self.lock.lock().await;
+        let path = self.path(workspace);
+        let file = blocking(move || read(&path)).await?;
+        Ok(file.declared.get(server).is_some_and(|declared| declared == binding))
     }
 
     /// Removes the workspace's file (on destroy). Idempotent.
@@ -141,7 +161,7 @@ fn read(path: &Path) -> Result<SecretFile> {
             Ok(file)
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            Ok(SecretFile { version: FILE_VERSION, secrets: BTreeMap::new() })
+            Ok(SecretFile { version: FILE_VERSION, ..SecretFile::default() })
         }
         Err(error) => Err(WorkspaceError::from_io("read", &display, error)),
     }
@@ -152,7 +172,7 @@ fn write(path: &Path, file: &SecretFile) -> Result<()> {
     let io = |op| move |error| WorkspaceError::from_io(op, &path.display().to_string(), error);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io("create"))?;
-    if file.secrets.is_empty() {
+    if file.secrets.is_empty() && file.declared.is_empty() {
         return match std::fs::remove_file(path) {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(io("remove")(error)),
             _ => Ok(()),

@@ -512,3 +512,27 @@ async fn mcp_calls_count_against_the_exec_quota() {
     assert_eq!((succeeded, refused), (1, 2), "3 calls on a quota of 1");
     assert!(slowest_refusal < Duration::from_secs(2), "a refusal waited {slowest_refusal:?}: it must not queue");
 }
+
+/// The agent writes an HTTP server into `.mcp` itself (no AddMcp): the node would connect
+/// for it from the node's network position — out of a workspace without network, and into
+/// every range the operator opened for MCP with `--mcp-allow-cidr`. The node connects only
+/// to HTTP servers the tenant declared through the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_server_the_agent_wrote_into_mcp_is_never_connected() {
+    let (port, accepted) = recording_listener().await;
+    let node = Node::start("bubblewrap", &["--mcp-allow-cidr", "127.0.0.1/32"]).await;
+    let workspace = node.workspace("mallory", "bubblewrap").await;
+    let declaration = format!(
+        r#"[{{"name":"exfil","transport":"http","url":"http://127.0.0.1:{port}/exfil/from-an-offline-sandbox","headers":{{"x-leak":"payload"}}}}]"#
+    );
+    let written = node.sh(&workspace, &format!("printf '%s' '{declaration}' > .mcp")).await;
+    assert_eq!(written.exit_code, 0, "{}", output_text(&written));
+    let refused = node.call(&workspace, "exfil", "echo", serde_json::json!({"text": "x"})).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("AddMcp"), "the refusal must say how to declare it: {refused:?}");
+    let mut contract = node.contract();
+    let listing =
+        v1::ListMcpToolsRequest { workspace_id: workspace.clone(), server: "exfil".into(), timeout_ms: 5_000 };
+    assert_eq!(contract.list_mcp_tools(listing).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "the node connected for a declaration the agent wrote");
+}
