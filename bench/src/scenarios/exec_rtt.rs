@@ -50,7 +50,10 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
     };
     let etcd = env::start_etcd().await?;
     let mut config = env::cluster_config(ctx, &etcd, 1, 1);
-    config.node_flags = vec!["--backend".into(), available.join(",")];
+    // A sandbox first: `local` may not be the default next to one (the node refuses).
+    let mut offered = available.clone();
+    offered.sort_by_key(|backend| *backend == "local");
+    config.node_flags = vec!["--backend".into(), offered.join(",")];
     let cluster = env::start_cluster(config).await?;
     let channel = env::connect(&cluster.replicas[0].server.endpoint).await?;
     let registry = env::registry(&etcd).await?;
