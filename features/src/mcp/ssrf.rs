@@ -106,9 +106,15 @@ impl TargetPolicy {
     /// `Err(class)` when `address` is in a refused class and no allowed range holds it.
     /// The node's own addresses (any class) are refused too ([`node_addresses`]).
     pub fn check(&self, address: IpAddr) -> std::result::Result<(), &'static str> {
+        self.check_against(address, &node_addresses())
+    }
+
+    /// [`Self::check`] with the node's addresses read once by the caller (a resolver checks
+    /// every address a name resolves to).
+    fn check_against(&self, address: IpAddr, own: &[IpAddr]) -> std::result::Result<(), &'static str> {
         let class = non_public_class(address).or_else(|| {
             let canonical = address.to_canonical();
-            node_addresses().iter().any(|own| own.to_canonical() == canonical).then_some("the node's own address")
+            own.iter().any(|own| own.to_canonical() == canonical).then_some("the node's own address")
         });
         match class {
             Some(class) if !self.allowed.iter().any(|range| range.contains(address)) => Err(class),
@@ -140,9 +146,10 @@ impl TargetPolicy {
                 .map(|socket| socket.ip())
                 .collect(),
         };
+        let own = node_addresses();
         let mut first_refusal = None;
         for address in addresses {
-            match self.check(address) {
+            match self.check_against(address, &own) {
                 Ok(()) => return Ok(()),
                 Err(class) => {
                     first_refusal.get_or_insert((address, class));
@@ -276,8 +283,9 @@ impl Resolve for GuardedResolver {
         let host = name.as_str().to_owned();
         Box::pin(async move {
             let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let own = node_addresses();
             let allowed: Vec<SocketAddr> =
-                resolved.iter().copied().filter(|socket| policy.check(socket.ip()).is_ok()).collect();
+                resolved.iter().copied().filter(|socket| policy.check_against(socket.ip(), &own).is_ok()).collect();
             if allowed.is_empty() {
                 let first = resolved.first().map(|socket| socket.ip().to_string()).unwrap_or_default();
                 let refusal = format!(
