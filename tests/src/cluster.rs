@@ -17,6 +17,7 @@ use berth_workspace::WorkspaceId;
 use tempfile::TempDir;
 
 use crate::berth::{BerthProcess, DEFAULT_LOG_FILTER};
+use crate::proxy::{Proxy, ProxyMode};
 use berth_testkit::wait_until;
 
 /// Settings of a test cluster. Leases are short so failures show quickly.
@@ -40,6 +41,12 @@ pub struct ClusterConfig {
     pub replica_metrics: bool,
     /// `RUST_LOG` of every process.
     pub log_filter: String,
+    /// Each replica reaches etcd through a [`Proxy`] of its own
+    /// ([`Cluster::replica_etcd_proxy`]), so a test can partition one replica from etcd.
+    pub proxy_replica_etcd: bool,
+    /// Each node reaches each replica through a [`Proxy`] of its own
+    /// ([`Cluster::node_replica_proxy`]), so a test can partition one node from one replica.
+    pub proxy_node_replicas: bool,
 }
 
 impl ClusterConfig {
@@ -58,6 +65,8 @@ impl ClusterConfig {
             replica_flags: Vec::new(),
             replica_metrics: false,
             log_filter: DEFAULT_LOG_FILTER.to_owned(),
+            proxy_replica_etcd: false,
+            proxy_node_replicas: false,
         }
     }
 
@@ -101,6 +110,10 @@ pub struct Cluster {
     pub prefix: String,
     pub replicas: Vec<Replica>,
     pub nodes: Vec<Node>,
+    /// Per replica index, the proxies to each etcd endpoint (`proxy_replica_etcd`).
+    replica_etcd_proxies: Vec<Vec<Proxy>>,
+    /// Per node index, the proxies to each replica (`proxy_node_replicas`).
+    node_replica_proxies: Vec<Vec<Proxy>>,
     /// Holds every node's data directory.
     data_root: TempDir,
 }
@@ -110,12 +123,34 @@ impl Cluster {
     pub async fn start(config: ClusterConfig) -> anyhow::Result<Self> {
         let prefix = format!("/berth-test-{:016x}", rand::random::<u64>());
         let data_root = tempfile::Builder::new().prefix("berth-cluster-").tempdir()?;
-        let mut cluster = Self { config: config.clone(), prefix, replicas: Vec::new(), nodes: Vec::new(), data_root };
+        let mut cluster = Self {
+            config: config.clone(),
+            prefix,
+            replicas: Vec::new(),
+            nodes: Vec::new(),
+            replica_etcd_proxies: Vec::new(),
+            node_replica_proxies: Vec::new(),
+            data_root,
+        };
         for index in 0..config.replicas {
+            if config.proxy_replica_etcd {
+                let mut proxies = Vec::new();
+                for endpoint in &config.etcd_endpoints {
+                    proxies.push(Proxy::start(socket_address(endpoint)?).await?);
+                }
+                cluster.replica_etcd_proxies.push(proxies);
+            }
             let replica = cluster.spawn_replica(index).await?;
             cluster.replicas.push(replica);
         }
         for index in 0..config.nodes {
+            if config.proxy_node_replicas {
+                let mut proxies = Vec::new();
+                for endpoint in cluster.replica_endpoints() {
+                    proxies.push(Proxy::start(socket_address(&endpoint)?).await?);
+                }
+                cluster.node_replica_proxies.push(proxies);
+            }
             let node = cluster.spawn_node(index).await?;
             cluster.nodes.push(node);
         }
@@ -137,12 +172,35 @@ impl Cluster {
         Ok(())
     }
 
+    /// The proxy between replica `replica` and etcd endpoint `endpoint`
+    /// (with [`ClusterConfig::proxy_replica_etcd`]).
+    pub fn replica_etcd_proxy(&self, replica: usize, endpoint: usize) -> &Proxy {
+        &self.replica_etcd_proxies[replica][endpoint]
+    }
+
+    /// Sets every proxy between replica `replica` and etcd to `mode`.
+    pub fn set_replica_etcd(&self, replica: usize, mode: ProxyMode) {
+        for proxy in &self.replica_etcd_proxies[replica] {
+            proxy.set_mode(mode);
+        }
+    }
+
+    /// The proxy between node `node` and replica `replica`
+    /// (with [`ClusterConfig::proxy_node_replicas`]).
+    pub fn node_replica_proxy(&self, node: usize, replica: usize) -> &Proxy {
+        &self.node_replica_proxies[node][replica]
+    }
+
     fn replica_args(&self, index: usize) -> Vec<String> {
         let config = &self.config;
+        let etcd = match self.replica_etcd_proxies.get(index) {
+            Some(proxies) => proxies.iter().map(Proxy::url).collect::<Vec<_>>().join(","),
+            None => config.etcd_endpoints.join(","),
+        };
         [
             "control-plane",
             "--etcd",
-            &config.etcd_endpoints.join(","),
+            &etcd,
             "--replica-id",
             &format!("replica-{index}"),
             "--key-prefix",
@@ -186,7 +244,10 @@ impl Cluster {
         let mut args: Vec<String> = vec![
             "node-agent".into(),
             "--control-plane".into(),
-            self.replica_endpoints().join(","),
+            match self.node_replica_proxies.get(index) {
+                Some(proxies) => proxies.iter().map(Proxy::url).collect::<Vec<_>>().join(","),
+                None => self.replica_endpoints().join(","),
+            },
             "--data-dir".into(),
             data_dir.display().to_string(),
             "--node-id".into(),
@@ -349,4 +410,10 @@ pub fn workspace_dirs_in(data_dir: &Path) -> Vec<String> {
         entries.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     names
+}
+
+/// `127.0.0.1:2379` of `http://127.0.0.1:2379`.
+fn socket_address(endpoint: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let authority = endpoint.trim_start_matches("http://").trim_start_matches("https://").trim_end_matches('/');
+    authority.parse().with_context(|| format!("endpoint {endpoint:?} is not host:port"))
 }

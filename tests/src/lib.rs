@@ -7,4 +7,5 @@ pub mod compose;
 pub mod etcd;
 pub mod observe;
 pub mod process;
+pub mod proxy;
 pub mod registry_suite;
