@@ -238,6 +238,7 @@ mod tests {
             failure: None,
             changed_by: String::new(),
             shared_with: shared.iter().map(|user| (*user).to_owned()).collect(),
+            origin: Default::default(),
         }
     }
 

@@ -29,7 +29,7 @@ use crate::metrics;
 use crate::node_client::{NodeClients, node_request};
 use crate::placement::Placement;
 use crate::policy::IsolationPolicy;
-use crate::records::{RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
+use crate::records::{Origin, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
 use crate::store::{HolderOutcome, Lock, LockFence, WorkspaceStoreRef};
 use crate::view::ReplicaView;
 
@@ -292,6 +292,7 @@ impl Binder {
                 failure: None,
                 changed_by: String::new(),
                 shared_with: Vec::new(),
+                origin: Default::default(),
             },
             (None, None) => {
                 self.store.release_lock(workspace_id, fence).await;
@@ -305,6 +306,13 @@ impl Binder {
         record.changed_by = self.store.replica_id().to_owned();
         let outcome = match provisioned {
             Ok(backend) => {
+                record.origin = match record.node_id.as_deref() {
+                    None => Origin::Fresh,
+                    Some(previous) if previous == node_id => Origin::Resumed,
+                    Some(previous) => Origin::RecreatedEmpty {
+                        reason: format!("its node {previous} was lost or drained; placed again on {node_id}"),
+                    },
+                };
                 record.state = StoredState::Ready;
                 record.node_id = Some(node_id);
                 record.backend = backend;

@@ -319,6 +319,7 @@ mod tests {
             failure: None,
             changed_by: String::new(),
             shared_with: Vec::new(),
+            origin: Default::default(),
         }
     }
 

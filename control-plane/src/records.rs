@@ -61,6 +61,27 @@ pub struct WorkspaceRecord {
     /// Principals the owner shared this workspace with.
     #[serde(default)]
     pub shared_with: Vec<String>,
+    /// How the copy at `generation` came to be (set by the bind that placed it).
+    #[serde(default)]
+    pub origin: Origin,
+}
+
+/// How a workspace's current copy came to be; every Workspace answer carries it, so a
+/// client can tell a workspace that kept its files from one that came back without them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Origin {
+    /// Written before origins were recorded.
+    #[default]
+    Unknown,
+    /// Made empty for an id that had no workspace.
+    Fresh,
+    /// Its files were kept: woken where it slept, or never moved.
+    Resumed,
+    /// Its files came back from a snapshot.
+    Restored { snapshot_id: String, taken_at_ms: i64 },
+    /// Its files were lost (`reason`) and it was made again, empty.
+    RecreatedEmpty { reason: String },
 }
 
 /// `/berth/sessions/<id>`: the durable session -> workspace binding.

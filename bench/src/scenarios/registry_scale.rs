@@ -118,6 +118,7 @@ fn record(index: usize, now: i64) -> anyhow::Result<WorkspaceRecord> {
         failure: None,
         changed_by: "replica-bench".into(),
         shared_with: Vec::new(),
+        origin: Default::default(),
     })
 }
 

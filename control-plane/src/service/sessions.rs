@@ -14,7 +14,7 @@ use crate::config::ControlPlaneConfig;
 use crate::error::ControlPlaneError;
 use crate::node_client::{NodeClients, node_request};
 use crate::policy::{IsolationPolicy, assign_workspace_id};
-use crate::records::{RECORD_VERSION, SessionRecord, StoredState, WorkspaceRecord, now_ms};
+use crate::records::{Origin, RECORD_VERSION, SessionRecord, StoredState, WorkspaceRecord, now_ms};
 use crate::store::{LockFence, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
@@ -261,7 +261,28 @@ impl Sessions {
             updated_at: Some(timestamp_from_unix_ms(record.updated_at_ms)),
             failure: record.failure.clone().unwrap_or_default(),
             shared_with: record.shared_with.clone(),
+            ..origin_to_proto(&record.origin)
         }
+    }
+}
+
+/// The origin fields of a Workspace answer (every other field default).
+pub fn origin_to_proto(origin: &Origin) -> v1::Workspace {
+    let (origin, reason, snapshot_id, snapshot_time) = match origin {
+        Origin::Unknown => (v1::WorkspaceOrigin::Unspecified, "", "", None),
+        Origin::Fresh => (v1::WorkspaceOrigin::Fresh, "", "", None),
+        Origin::Resumed => (v1::WorkspaceOrigin::Resumed, "", "", None),
+        Origin::Restored { snapshot_id, taken_at_ms } => {
+            (v1::WorkspaceOrigin::Restored, "", snapshot_id.as_str(), Some(timestamp_from_unix_ms(*taken_at_ms)))
+        }
+        Origin::RecreatedEmpty { reason } => (v1::WorkspaceOrigin::RecreatedEmpty, reason.as_str(), "", None),
+    };
+    v1::Workspace {
+        origin: origin as i32,
+        origin_reason: reason.to_owned(),
+        origin_snapshot_id: snapshot_id.to_owned(),
+        origin_snapshot_time: snapshot_time,
+        ..Default::default()
     }
 }
 
