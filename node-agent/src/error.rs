@@ -28,6 +28,18 @@ pub enum NodeError {
     #[error("workspace {workspace_id} is at generation {held} on this node, not {expected}")]
     WrongGeneration { workspace_id: WorkspaceId, held: u64, expected: u64 },
 
+    /// The node has seen a newer generation of the workspace than the caller names: the
+    /// caller's placement was superseded (it lost its lock, or its record is stale).
+    #[error(
+        "workspace {workspace_id}: generation {asked} is stale on this node, which has seen generation {newest}; \
+         a newer placement superseded it"
+    )]
+    StaleGeneration { workspace_id: WorkspaceId, newest: u64, asked: u64 },
+
+    /// The workspace is not held on this node, so a quarantined copy cannot be restored here.
+    #[error("workspace {workspace_id} is not on this node; restore its quarantined copy on the node that holds it")]
+    RestoreElsewhere { workspace_id: WorkspaceId },
+
     #[error("workspace {workspace_id} is released on this node")]
     Released { workspace_id: WorkspaceId },
 
@@ -85,6 +97,8 @@ impl From<NodeError> for Status {
         match error {
             E::Workspace(inner) => status_from_workspace_error(&inner),
             E::Fenced => ErrorKind::NodeFenced.attach(Status::unavailable(message)),
+            E::StaleGeneration { .. } => ErrorKind::StaleGeneration.attach(Status::failed_precondition(message)),
+            E::RestoreElsewhere { .. } => Status::failed_precondition(message),
             E::NotHeld { .. } | E::WrongGeneration { .. } | E::Released { .. } => {
                 ErrorKind::WrongGeneration.attach(Status::failed_precondition(message))
             }

@@ -206,9 +206,9 @@ impl Heartbeater {
         let Ok(id) = WorkspaceId::new(stale.workspace_id) else { return };
         let workspaces = Arc::clone(&self.workspaces);
         tokio::spawn(async move {
-            match workspaces.destroy(&id, Some(stale.generation)).await {
+            match workspaces.destroy_stale(&id, stale.generation).await {
                 Ok(true) => {
-                    tracing::info!(ws_id = %id, generation = stale.generation, "removed a copy superseded by a newer placement")
+                    tracing::info!(ws_id = %id, generation = stale.generation, "moved a copy superseded by a newer placement to the quarantine")
                 }
                 Ok(false) => {}
                 Err(error) => tracing::warn!(ws_id = %id, %error, "removing a superseded copy failed"),

@@ -16,6 +16,7 @@ pub mod gate;
 pub mod heartbeat;
 pub mod limits;
 pub mod metrics;
+pub mod quarantine;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -72,6 +72,7 @@ pub async fn serve(
     let heartbeater =
         Heartbeater::new(config.clone(), config.advertise_address.clone(), Arc::clone(&workspaces), Arc::clone(&fence));
     let heartbeat_task = tokio::spawn(heartbeater.run(tasks.clone()));
+    tokio::spawn(purge_quarantine(Arc::clone(&workspaces), config.quarantine_retention, tasks.clone()));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NodeAgentServiceServer<NodeAgentApi>>().await;
@@ -133,4 +134,19 @@ pub async fn serve(
     let _ = heartbeat_task.await;
     tracing::info!(node_id = %config.node_id, "node agent stopped");
     served.map_err(|error| ServeError::Transport(error.to_string()))
+}
+
+/// Deletes quarantine entries past their retention, at start and then hourly (or every
+/// retention, when that is shorter).
+async fn purge_quarantine(workspaces: Arc<Workspaces>, retention: std::time::Duration, cancel: CancellationToken) {
+    let every = retention.clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(3600));
+    loop {
+        if let Err(error) = workspaces.quarantine().purge(retention).await {
+            tracing::warn!(%error, "purging the quarantine failed");
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
 }

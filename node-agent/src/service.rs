@@ -15,6 +15,7 @@ use crate::error::{NodeError, status};
 use crate::gate::Gate;
 use crate::limits::NodeLimits;
 use crate::metrics;
+use crate::quarantine::QuarantineEntry;
 use crate::state::{Entry, Workspaces};
 
 pub struct NodeAgentApi {
@@ -62,29 +63,46 @@ impl NodeAgentService for NodeAgentApi {
         let task_id = id.clone();
         let asked_backend = if request.backend.is_empty() { "default".to_owned() } else { request.backend.clone() };
         let started = std::time::Instant::now();
-        let provisioned =
-            tokio::spawn(
-                async move { workspaces.provision(&task_id, request.generation, &request.backend, &spec).await },
-            )
-            .await
-            .map_err(|error| NodeError::ProvisionTask { reason: error.to_string() })?;
+        let provisioned = tokio::spawn(async move {
+            workspaces.provision(&task_id, request.generation, &request.backend, &spec, request.fresh).await
+        })
+        .await
+        .map_err(|error| NodeError::ProvisionTask { reason: error.to_string() })?;
         let backend_label = provisioned.as_ref().map(|done| done.backend.as_str()).unwrap_or(&asked_backend);
         metrics::provision_done(backend_label, provisioned.is_ok(), started.elapsed());
-        let provisioned = provisioned.map_err(status)?;
+        let provisioned = provisioned.map_err(Status::from)?;
         tracing::info!(ws_id = %id, generation = request.generation, backend = %provisioned.backend, created = provisioned.created, "provisioned");
         Ok(Response::new(v1::ProvisionResponse { created: provisioned.created, backend: provisioned.backend }))
     }
 
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let generation = generation_of(&request);
         let id = workspace_id(&request.get_ref().workspace_id)?;
-        self.workspaces().release(&id).await.map_err(status)?;
+        self.workspaces().release(&id, generation).await?;
         Ok(Response::new(v1::ReleaseResponse {}))
     }
 
     async fn destroy(&self, request: Request<v1::DestroyRequest>) -> Result<Response<v1::DestroyResponse>, Status> {
+        let generation = generation_of(&request);
         let id = workspace_id(&request.get_ref().workspace_id)?;
-        let existed = self.workspaces().destroy(&id, None).await.map_err(status)?;
+        let existed = self.workspaces().delete(&id, generation).await?;
         Ok(Response::new(v1::DestroyResponse { existed }))
+    }
+
+    async fn list_quarantine(
+        &self,
+        _request: Request<v1::ListQuarantineRequest>,
+    ) -> Result<Response<v1::ListQuarantineResponse>, Status> {
+        let entries = self.workspaces().quarantine().list().await.map_err(status)?;
+        Ok(Response::new(v1::ListQuarantineResponse { entries: entries.iter().map(quarantine_entry).collect() }))
+    }
+
+    async fn restore_quarantine(
+        &self,
+        request: Request<v1::RestoreQuarantineRequest>,
+    ) -> Result<Response<v1::RestoreQuarantineResponse>, Status> {
+        let (id, path) = self.workspaces().restore_quarantined(&request.get_ref().entry).await?;
+        Ok(Response::new(v1::RestoreQuarantineResponse { workspace_id: id.to_string(), path }))
     }
 
     async fn list_local(
@@ -95,6 +113,27 @@ impl NodeAgentService for NodeAgentApi {
             self.workspaces().all().iter().map(|entry| local_workspace(entry)).collect();
         workspaces.sort_by(|left, right| left.workspace_id.cmp(&right.workspace_id));
         Ok(Response::new(v1::ListLocalResponse { workspaces }))
+    }
+}
+
+/// The generation a replica's call names (`x-berth-generation`), if any.
+fn generation_of<T>(request: &Request<T>) -> Option<u64> {
+    request
+        .metadata()
+        .get(berth_proto::meta::GENERATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok())
+}
+
+fn quarantine_entry(entry: &QuarantineEntry) -> v1::QuarantineEntry {
+    v1::QuarantineEntry {
+        entry: entry.entry.clone(),
+        workspace_id: entry.workspace_id.to_string(),
+        generation: entry.generation,
+        backend: entry.backend.clone(),
+        reason: entry.reason.to_string(),
+        quarantined_at: Some(berth_proto::convert::timestamp_from_unix_ms(entry.quarantined_at_ms)),
+        bytes: entry.bytes,
     }
 }
 

@@ -14,7 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use berth_workspace::{BackendDriverRef, BackendRef, ProvisionContext, WorkspaceError, WorkspaceId, WorkspaceSpec};
 use serde::{Deserialize, Serialize};
 
+use crate::error::NodeError;
 use crate::limits::NodeLimits;
+use crate::quarantine::{Quarantine, QuarantineReason};
 
 const META_VERSION: u32 = 1;
 
@@ -71,6 +73,10 @@ pub struct Workspaces {
     lifecycle: Mutex<HashMap<WorkspaceId, Arc<tokio::sync::Mutex<()>>>>,
     debug_provision_delay: Duration,
     hooks: RwLock<Vec<Arc<dyn LifecycleHook>>>,
+    /// Per workspace without a copy here, the newest generation this node saw before its
+    /// copy went away (`state/<id>.floor`): a provision at or below it is a stale placement.
+    floors: RwLock<HashMap<WorkspaceId, u64>>,
+    quarantine: Quarantine,
 }
 
 /// Outcome of a provision.
@@ -87,14 +93,22 @@ impl Workspaces {
         debug_provision_delay: Duration,
     ) -> Self {
         Self {
-            data_dir,
             drivers,
             default_backend,
             entries: RwLock::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
             debug_provision_delay,
             hooks: RwLock::new(Vec::new()),
+            floors: RwLock::new(HashMap::new()),
+            quarantine: Quarantine::new(data_dir_quarantine(&data_dir)),
+            data_dir,
         }
+    }
+
+    /// Copies moved aside instead of deleted (superseded, orphaned, or replaced by a fresh
+    /// workspace of the same id).
+    pub fn quarantine(&self) -> &Quarantine {
+        &self.quarantine
     }
 
     /// Registers a hook for every later lifecycle change.
@@ -112,6 +126,27 @@ impl Workspaces {
 
     fn meta_path(&self, id: &WorkspaceId) -> PathBuf {
         self.data_dir.join("state").join(format!("{id}.json"))
+    }
+
+    fn floor_path(&self, id: &WorkspaceId) -> PathBuf {
+        self.data_dir.join("state").join(format!("{id}.floor"))
+    }
+
+    /// The newest generation this node saw of a workspace it holds no copy of.
+    pub fn floor(&self, id: &WorkspaceId) -> Option<u64> {
+        self.floors.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(id).copied()
+    }
+
+    /// Remembers (durably) that generations up to `generation` of `id` are gone here.
+    async fn raise_floor(&self, id: &WorkspaceId, generation: u64) -> Result<(), WorkspaceError> {
+        let floor = self.floor(id).unwrap_or(0).max(generation);
+        let path = self.floor_path(id);
+        let temporary = path.with_extension(format!("floor.tmp-{}", rand::random::<u32>()));
+        let io = |source| WorkspaceError::Io { op: "write", path: path.display().to_string(), source };
+        tokio::fs::write(&temporary, floor.to_string()).await.map_err(io)?;
+        tokio::fs::rename(&temporary, &path).await.map_err(io)?;
+        self.floors.write().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id.clone(), floor);
+        Ok(())
     }
 
     pub fn get(&self, id: &WorkspaceId) -> Option<Arc<Entry>> {
@@ -174,6 +209,10 @@ impl Workspaces {
         })?;
         while let Ok(Some(file)) = listing.next_entry().await {
             let path = file.path();
+            if path.extension().and_then(|extension| extension.to_str()) == Some("floor") {
+                self.restore_floor(&path).await;
+                continue;
+            }
             if path.extension().and_then(|extension| extension.to_str()) != Some("json") {
                 continue;
             }
@@ -183,6 +222,17 @@ impl Workspaces {
             }
         }
         Ok(())
+    }
+
+    async fn restore_floor(&self, path: &Path) {
+        let id = path.file_stem().and_then(|stem| stem.to_str()).and_then(|stem| WorkspaceId::new(stem).ok());
+        let floor = tokio::fs::read_to_string(path).await.ok().and_then(|text| text.trim().parse::<u64>().ok());
+        match (id, floor) {
+            (Some(id), Some(floor)) => {
+                self.floors.write().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id, floor);
+            }
+            _ => tracing::warn!(path = %path.display(), "skipping an unreadable generation floor"),
+        }
     }
 
     async fn restore_one(&self, path: &Path, limits: &NodeLimits) -> Result<WorkspaceId, WorkspaceError> {
@@ -219,14 +269,19 @@ impl Workspaces {
     }
 
     /// Makes the workspace exist and run at `generation`. Idempotent: the same generation
-    /// again is a no-op; an older one is refused (a newer placement already happened).
+    /// again is a no-op. Refused ([`NodeError::StaleGeneration`]) at or below a generation
+    /// this node has already seen go, and below the copy it holds: a newer placement already
+    /// happened. With `fresh` (the id had no workspace when the replica placed it), an older
+    /// copy found here is never adopted: it is moved to the quarantine and the workspace
+    /// starts empty.
     pub async fn provision(
         &self,
         id: &WorkspaceId,
         generation: u64,
         backend: &str,
         spec: &WorkspaceSpec,
-    ) -> Result<Provisioned, WorkspaceError> {
+        fresh: bool,
+    ) -> Result<Provisioned, NodeError> {
         let backend_name = if backend.is_empty() { self.default_backend.clone() } else { backend.to_owned() };
         let driver = Arc::clone(self.driver(&backend_name)?);
         let lock = self.lifecycle_lock(id);
@@ -234,25 +289,37 @@ impl Workspaces {
         if !self.debug_provision_delay.is_zero() {
             tokio::time::sleep(self.debug_provision_delay).await;
         }
+        if let Some(floor) = self.floor(id)
+            && generation <= floor
+        {
+            return Err(NodeError::StaleGeneration { workspace_id: id.clone(), newest: floor, asked: generation });
+        }
         if let Some(existing) = self.get(id) {
             if generation < existing.generation {
-                return Err(WorkspaceError::InvalidArgument(format!(
-                    "workspace {id} is at generation {} here; refusing older generation {generation}",
-                    existing.generation
-                )));
+                return Err(NodeError::StaleGeneration {
+                    workspace_id: id.clone(),
+                    newest: existing.generation,
+                    asked: generation,
+                });
             }
-            if let Some(handle) = &existing.backend
-                && existing.backend_name == backend_name
-                && existing.generation == generation
-            {
-                for hook in self.hooks() {
-                    hook.provisioned(id, handle).await;
+            if fresh && generation > existing.generation {
+                // A copy the registry does not know: an orphan of a bind that never recorded
+                // it, or of a workspace deleted while this node was away. Never adopted.
+                self.quarantine_locked(&existing, QuarantineReason::ReplacedByFresh { generation }).await?;
+            } else {
+                if let Some(handle) = &existing.backend
+                    && existing.backend_name == backend_name
+                    && existing.generation == generation
+                {
+                    for hook in self.hooks() {
+                        hook.provisioned(id, handle).await;
+                    }
+                    return Ok(Provisioned { created: false, backend: backend_name });
                 }
-                return Ok(Provisioned { created: false, backend: backend_name });
-            }
-            if existing.backend_name != backend_name {
-                // Switching backend: stop the old runtime, keep the files.
-                self.driver(&existing.backend_name)?.release(id).await?;
+                if existing.backend_name != backend_name {
+                    // Switching backend: stop the old runtime, keep the files.
+                    self.driver(&existing.backend_name)?.release(id).await?;
+                }
             }
         }
         let root = self.root_of(id);
@@ -281,11 +348,17 @@ impl Workspaces {
         Ok(Provisioned { created, backend: backend_name })
     }
 
-    /// Stops the runtime, keeps the files.
-    pub async fn release(&self, id: &WorkspaceId) -> Result<(), WorkspaceError> {
+    /// Stops the runtime, keeps the files. With `generation` (what the replica recorded),
+    /// only that copy: a replica that lost its lock meanwhile cannot stop a newer one.
+    pub async fn release(&self, id: &WorkspaceId, generation: Option<u64>) -> Result<(), NodeError> {
         let lock = self.lifecycle_lock(id);
         let _guard = lock.lock().await;
         let Some(existing) = self.get(id) else { return Ok(()) };
+        if let Some(expected) = generation
+            && expected != existing.generation
+        {
+            return Err(NodeError::WrongGeneration { workspace_id: id.clone(), held: existing.generation, expected });
+        }
         self.driver(&existing.backend_name)?.release(id).await?;
         self.write_meta(id, existing.generation, &existing.backend_name, &existing.spec, false).await?;
         self.insert(Entry {
@@ -303,28 +376,33 @@ impl Workspaces {
         Ok(())
     }
 
-    /// Removes runtime, files and state. With `only_up_to`, only a copy at that generation
-    /// or older (a stale copy) is removed. Returns whether something was removed.
-    pub async fn destroy(&self, id: &WorkspaceId, only_up_to: Option<u64>) -> Result<bool, WorkspaceError> {
+    /// Deletes the workspace (the owner asked): runtime, files and state. With `generation`
+    /// (what the replica recorded), a newer copy here is refused, never deleted, and every
+    /// generation up to the deleted one is refused from then on. Returns whether something
+    /// was removed.
+    pub async fn delete(&self, id: &WorkspaceId, generation: Option<u64>) -> Result<bool, NodeError> {
         let lock = self.lifecycle_lock(id);
         let _guard = lock.lock().await;
         let existing = self.get(id);
-        if let (Some(existing), Some(limit)) = (&existing, only_up_to)
-            && existing.generation > limit
+        if let (Some(existing), Some(generation)) = (&existing, generation)
+            && existing.generation > generation
         {
-            return Ok(false);
+            return Err(NodeError::StaleGeneration {
+                workspace_id: id.clone(),
+                newest: existing.generation,
+                asked: generation,
+            });
+        }
+        let floor = generation.unwrap_or(0).max(existing.as_ref().map_or(0, |existing| existing.generation));
+        if floor > 0 {
+            self.raise_floor(id, floor).await?;
         }
         if let Some(existing) = &existing {
             self.driver(&existing.backend_name)?.destroy(id).await?;
         }
         // State first: a crash after this leaves orphaned files, never a workspace that
         // claims to exist without them.
-        let meta = self.meta_path(id);
-        match tokio::fs::remove_file(&meta).await {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(WorkspaceError::Io { op: "remove", path: meta.display().to_string(), source }),
-        }
+        self.remove_meta(id).await?;
         self.remove(id);
         let root = self.root_of(id);
         let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&root) {
@@ -338,6 +416,78 @@ impl Workspaces {
             hook.destroyed(id).await;
         }
         Ok(removed || existing.is_some())
+    }
+
+    /// Moves a copy a newer placement superseded (generation `up_to` or older) to the
+    /// quarantine; a newer copy is left alone. Returns whether something was moved.
+    pub async fn destroy_stale(&self, id: &WorkspaceId, up_to: u64) -> Result<bool, NodeError> {
+        let lock = self.lifecycle_lock(id);
+        let _guard = lock.lock().await;
+        let Some(existing) = self.get(id) else { return Ok(false) };
+        if existing.generation > up_to {
+            return Ok(false);
+        }
+        self.quarantine_locked(&existing, QuarantineReason::Superseded).await?;
+        Ok(true)
+    }
+
+    /// Stops the copy's runtime, moves its files to the quarantine and forgets it; later
+    /// provisions at or below its generation are refused. Under the lifecycle lock.
+    async fn quarantine_locked(&self, existing: &Entry, reason: QuarantineReason) -> Result<(), NodeError> {
+        let id = &existing.id;
+        self.raise_floor(id, existing.generation).await?;
+        self.driver(&existing.backend_name)?.destroy(id).await?;
+        self.remove_meta(id).await?;
+        self.remove(id);
+        let root = self.root_of(id);
+        let entry = self.quarantine.admit(id, existing.generation, &existing.backend_name, &root, reason).await?;
+        tracing::warn!(ws_id = %id, generation = existing.generation, entry = %entry, "copy moved to the quarantine");
+        for hook in self.hooks() {
+            hook.destroyed(id).await;
+        }
+        Ok(())
+    }
+
+    /// Moves quarantine entry `name` into the live copy of its workspace on this node, as
+    /// `restored-<name>/` at the top of the root, owned like the root. Returns the workspace
+    /// and the path relative to its root. The root itself cannot be swapped by the sandbox
+    /// (its parent is the node's), and a link planted at the destination makes the move
+    /// fail, so the files never land outside the workspace.
+    pub async fn restore_quarantined(&self, name: &str) -> Result<(WorkspaceId, String), NodeError> {
+        let entry = self.quarantine.get(name).await?;
+        let id = entry.workspace_id.clone();
+        let lock = self.lifecycle_lock(&id);
+        let _guard = lock.lock().await;
+        if self.get(&id).is_none() {
+            return Err(NodeError::RestoreElsewhere { workspace_id: id });
+        }
+        let root = self.root_of(&id);
+        let relative = format!("restored-{name}");
+        let destination = root.join(&relative);
+        if tokio::fs::symlink_metadata(&destination).await.is_ok() {
+            return Err(WorkspaceError::AlreadyExists { path: relative }.into());
+        }
+        self.quarantine.take(&entry, &destination).await?;
+        let stat_io = |source| WorkspaceError::Io { op: "stat", path: root.display().to_string(), source };
+        let metadata = tokio::fs::metadata(&root).await.map_err(stat_io)?;
+        let (owner, group) =
+            (std::os::unix::fs::MetadataExt::uid(&metadata), std::os::unix::fs::MetadataExt::gid(&metadata));
+        let chowned = destination.clone();
+        tokio::task::spawn_blocking(move || crate::quarantine::chown_tree(&chowned, owner, group))
+            .await
+            .map_err(|error| WorkspaceError::Backend { backend: "node", message: error.to_string() })?
+            .map_err(|source| WorkspaceError::Io { op: "chown", path: destination.display().to_string(), source })?;
+        tracing::info!(ws_id = %id, entry = name, "quarantined copy restored into the workspace");
+        Ok((id, relative))
+    }
+
+    async fn remove_meta(&self, id: &WorkspaceId) -> Result<(), WorkspaceError> {
+        let meta = self.meta_path(id);
+        match tokio::fs::remove_file(&meta).await {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(WorkspaceError::Io { op: "remove", path: meta.display().to_string(), source }),
+        }
     }
 
     async fn write_meta(
@@ -364,4 +514,8 @@ impl Workspaces {
         tokio::fs::rename(&temporary, &path).await.map_err(io)?;
         Ok(())
     }
+}
+
+fn data_dir_quarantine(data_dir: &Path) -> PathBuf {
+    data_dir.join("quarantine")
 }

@@ -22,6 +22,8 @@ pub const TRACEPARENT: &str = "traceparent";
 pub enum ErrorKind {
     /// The node holds another generation of the workspace (or none): re-read and retry.
     WrongGeneration,
+    /// The node has seen a newer generation than the caller's: its placement was superseded.
+    StaleGeneration,
     /// The node has lost its lease and is not serving until it registers again.
     NodeFenced,
     /// The path resolved outside the workspace root.
@@ -37,6 +39,7 @@ impl ErrorKind {
         match self {
             Self::WrongGeneration => "wrong-generation",
             Self::NodeFenced => "node-fenced",
+            Self::StaleGeneration => "stale-generation",
             Self::PathEscapesRoot => "path-escapes-root",
             Self::LimitExceeded => "limit-exceeded",
             Self::McpServerFailed => "mcp-server-failed",
@@ -44,9 +47,16 @@ impl ErrorKind {
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        [Self::WrongGeneration, Self::NodeFenced, Self::PathEscapesRoot, Self::LimitExceeded, Self::McpServerFailed]
-            .into_iter()
-            .find(|kind| kind.as_str() == text)
+        [
+            Self::WrongGeneration,
+            Self::StaleGeneration,
+            Self::NodeFenced,
+            Self::PathEscapesRoot,
+            Self::LimitExceeded,
+            Self::McpServerFailed,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == text)
     }
 
     /// The kind carried by a status, if any.
