@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_proto::meta::ErrorKind;
 use berth_proto::v1;
 use berth_workspace::{WorkspaceId, WorkspaceSpec};
 use futures::FutureExt;
@@ -30,7 +31,7 @@ use crate::node_client::{NodeClients, node_request};
 use crate::placement::Placement;
 use crate::policy::IsolationPolicy;
 use crate::records::{Origin, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
-use crate::store::{HolderOutcome, Lock, LockFence, WorkspaceStoreRef};
+use crate::store::{HolderOutcome, Lock, LockFence, NodePresence, WorkspaceStoreRef};
 use crate::view::ReplicaView;
 
 /// What a new workspace is made of (ignored when the record already exists).
@@ -86,6 +87,8 @@ pub struct Binder {
     config: ControlPlaneConfig,
     inflight: Mutex<HashMap<WorkspaceId, SharedBind>>,
     stats: BindStats,
+    /// When this replica first found a node gone that holds a workspace's files.
+    absent_since: Mutex<HashMap<String, Instant>>,
 }
 
 enum Observed {
@@ -110,6 +113,7 @@ impl Binder {
             config,
             inflight: Mutex::new(HashMap::new()),
             stats: BindStats::default(),
+            absent_since: Mutex::new(HashMap::new()),
         }
     }
 
@@ -300,17 +304,26 @@ impl Binder {
             }
         };
         let any_backend = request.create.as_ref().is_some_and(|new| new.any_backend);
-        let (node_id, generation, provisioned) = self.place_and_provision(&record, any_backend).await?;
+        // Where the files are, and whether leaving them behind is allowed yet.
+        let moving_reason = self.may_leave(&record).await?;
+        let (node_id, generation, provisioned) = self.place_and_provision(&record, any_backend, fence).await?;
+        if let Err(superseded @ ControlPlaneError::BindSuperseded { .. }) = provisioned {
+            // A newer placement exists: recording ours (even as FAILED) would go back in time.
+            return Err(superseded);
+        }
         record.generation = generation;
         record.updated_at_ms = now_ms();
         record.changed_by = self.store.replica_id().to_owned();
         let outcome = match provisioned {
             Ok(backend) => {
-                record.origin = match record.node_id.as_deref() {
-                    None => Origin::Fresh,
-                    Some(previous) if previous == node_id => Origin::Resumed,
-                    Some(previous) => Origin::RecreatedEmpty {
-                        reason: format!("its node {previous} was lost or drained; placed again on {node_id}"),
+                record.origin = match (record.node_id.as_deref(), &moving_reason) {
+                    (None, _) => Origin::Fresh,
+                    (Some(previous), _) if previous == node_id => Origin::Resumed,
+                    (Some(previous), Some(reason)) => Origin::RecreatedEmpty {
+                        reason: format!("{reason}; placed again on {node_id}, empty (its files stay on {previous})"),
+                    },
+                    (Some(previous), None) => Origin::RecreatedEmpty {
+                        reason: format!("placed again on {node_id}, empty (its files stay on {previous})"),
                     },
                 };
                 record.state = StoredState::Ready;
@@ -330,17 +343,68 @@ impl Binder {
         outcome.map(|()| Arc::new(record))
     }
 
+    /// Whether the workspace may be placed away from the node holding its files, and why.
+    /// `Ok(None)`: it has no files anywhere yet, or its node is usable (placement goes back
+    /// there). A drained node gives it up at once; a node that is gone only after the
+    /// lost-node grace — until then the caller gets a retryable UNAVAILABLE, so a node that
+    /// restarts or is briefly partitioned finds its workspaces where it left them. Gone is
+    /// confirmed by a linearizable read, never taken from the view alone.
+    async fn may_leave(&self, record: &WorkspaceRecord) -> Result<Option<String>> {
+        let Some(node_id) = record.node_id.as_deref() else { return Ok(None) };
+        if self.store.node_holds_workspaces(node_id) {
+            self.forget_absence(node_id);
+            return Ok(None);
+        }
+        match self.store.node_presence(node_id).await? {
+            NodePresence::Drained => Ok(Some(format!("its node {node_id} was drained"))),
+            // The view lags the registry: wait for it rather than place from it.
+            NodePresence::Live => Err(ControlPlaneError::NodeAway {
+                workspace_id: record.id.to_string(),
+                node_id: node_id.to_owned(),
+                absent_secs: 0,
+                grace_secs: self.config.lost_node_grace.as_secs(),
+            }),
+            NodePresence::Gone => {
+                let absent = self.absent_for(node_id);
+                if absent < self.config.lost_node_grace {
+                    return Err(ControlPlaneError::NodeAway {
+                        workspace_id: record.id.to_string(),
+                        node_id: node_id.to_owned(),
+                        absent_secs: absent.as_secs(),
+                        grace_secs: self.config.lost_node_grace.as_secs(),
+                    });
+                }
+                Ok(Some(format!("its node {node_id} was lost (not live for {} s)", absent.as_secs())))
+            }
+        }
+    }
+
+    /// How long this replica has known `node_id` gone (zero the first time it looks).
+    fn absent_for(&self, node_id: &str) -> Duration {
+        let mut absent = self.absent_since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        absent.entry(node_id.to_owned()).or_insert_with(Instant::now).elapsed()
+    }
+
+    fn forget_absence(&self, node_id: &str) {
+        let mut absent = self.absent_since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        absent.remove(node_id);
+    }
+
     /// Places the workspace and provisions it. A node that is unreachable or not serving
     /// yet (fenced until its registration lands) gets a few retries, each at a new
     /// generation, so a half-made copy from a failed attempt is recognisably stale and
-    /// removed by the node's reconciliation. Returns the node, the generation and the
-    /// provisioning outcome.
+    /// removed by the node's reconciliation. Generations derive from the lock's revision,
+    /// which grows with every lock in the cluster: a placement's generation is above every
+    /// earlier one of the id, even one whose record was never written or was deleted, so no
+    /// node mistakes it for an older copy (or an older copy for it). Returns the node, the
+    /// generation and the provisioning outcome.
     async fn place_and_provision(
         &self,
         record: &WorkspaceRecord,
         any_backend: bool,
+        fence: LockFence,
     ) -> Result<(String, u64, Result<String>)> {
-        const ATTEMPTS: u64 = 5;
+        let base = placement_base(record.generation, fence);
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 1;
         loop {
@@ -353,11 +417,15 @@ impl Binder {
                 record.node_id.as_deref(),
                 !any_backend,
             )?;
-            let generation = record.generation + attempt;
-            let outcome = self.provision_on(&node.node_id, &node.address, record, generation).await;
+            let generation = base + attempt;
+            // Only the node that holds the workspace's files may adopt a copy it finds; on
+            // any other node a copy of this id is an orphan (an unrecorded bind, a deleted
+            // workspace) and the workspace starts empty there.
+            let fresh = record.node_id.as_deref() != Some(node.node_id.as_str());
+            let outcome = self.provision_on(&node.node_id, &node.address, record, generation, fresh).await;
             let retryable =
                 matches!(&outcome, Err(ControlPlaneError::ProvisionFailed { code: tonic::Code::Unavailable, .. }));
-            if !retryable || attempt == ATTEMPTS {
+            if !retryable || attempt == PROVISION_ATTEMPTS {
                 return Ok((node.node_id.clone(), generation, outcome));
             }
             tracing::info!(ws_id = %record.id, node_id = %node.node_id, attempt, "node not serving; provisioning again");
@@ -374,6 +442,7 @@ impl Binder {
         address: &str,
         record: &WorkspaceRecord,
         generation: u64,
+        fresh: bool,
     ) -> Result<String> {
         let mut client = self.nodes.get(address)?;
         let message = v1::ProvisionRequest {
@@ -381,6 +450,7 @@ impl Binder {
             generation,
             backend: record.backend.clone(),
             spec: Some(berth_proto::convert::spec_to_proto(&record.spec)),
+            fresh,
         };
         let request = node_request(message, generation, self.config.provision_timeout);
         let started = std::time::Instant::now();
@@ -393,6 +463,12 @@ impl Binder {
         metrics::provision_done(backend_label, outcome.is_ok(), started.elapsed());
         match outcome {
             Ok(response) => Ok(response.into_inner().backend),
+            Err(status) if ErrorKind::of(&status) == Some(ErrorKind::StaleGeneration) => {
+                Err(ControlPlaneError::BindSuperseded {
+                    workspace_id: record.id.to_string(),
+                    detail: format!("node {node_id}: {}", status.message()),
+                })
+            }
             Err(status) => Err(ControlPlaneError::ProvisionFailed {
                 workspace_id: record.id.to_string(),
                 node_id: node_id.to_owned(),
@@ -400,5 +476,31 @@ impl Binder {
                 status_message: status.message().to_owned(),
             }),
         }
+    }
+}
+
+/// Provision attempts per bind (each at the next generation).
+const PROVISION_ATTEMPTS: u64 = 5;
+
+/// The generation a bind's attempts count up from: above the record's, and above every
+/// generation a bind under an earlier lock could have used (`revision * 8`, attempts < 8).
+fn placement_base(record_generation: u64, fence: LockFence) -> u64 {
+    const _: () = assert!(PROVISION_ATTEMPTS < 8);
+    record_generation.max(fence.revision().max(0) as u64 * 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_grow_with_the_lock_revision_whatever_the_record_says() {
+        // A record deleted and created again starts at generation 0, but its lock is newer.
+        let first = placement_base(0, LockFence::for_test(100)) + 1;
+        let retried = placement_base(0, LockFence::for_test(100)) + PROVISION_ATTEMPTS;
+        let after_delete = placement_base(0, LockFence::for_test(101)) + 1;
+        assert!(after_delete > retried && retried > first);
+        // A record written before generations followed revisions keeps growing.
+        assert_eq!(placement_base(5_000, LockFence::for_test(10)), 5_000);
     }
 }

@@ -31,6 +31,9 @@ pub struct ControlPlaneConfig {
     pub bind_timeout: Duration,
     /// Deadline of one Provision call to a node.
     pub provision_timeout: Duration,
+    /// How long a workspace whose node is gone waits for it (retryable UNAVAILABLE) before
+    /// it is re-created empty elsewhere.
+    pub lost_node_grace: Duration,
     /// Deadline of unary node calls other than exec.
     pub node_call_timeout: Duration,
     /// How public callers authenticate (`--auth`).
@@ -90,6 +93,7 @@ impl ControlPlaneConfig {
             node_lease_ttl: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
             bind_timeout: Duration::from_secs(60),
+            lost_node_grace: Duration::from_secs(60),
             provision_timeout: Duration::from_secs(45),
             node_call_timeout: Duration::from_secs(30),
             auth: AuthConfig::None,

@@ -95,6 +95,19 @@ pub enum ControlPlaneError {
     #[error("binding workspace {workspace_id} did not finish within {millis} ms")]
     BindTimeout { workspace_id: String, millis: u64 },
 
+    /// The node has seen a newer placement of the workspace than this bind's: another
+    /// replica placed it meanwhile (this one lost its lock, or read a stale record).
+    #[error("workspace {workspace_id} was placed again meanwhile ({detail}); retry")]
+    BindSuperseded { workspace_id: String, detail: String },
+
+    /// The node holding the workspace's files is not live; they are kept for it until the
+    /// lost-node grace runs out, after which the workspace is placed again, empty.
+    #[error(
+        "workspace {workspace_id} is on node {node_id}, which has not been live for {absent_secs} s; its files are \
+         kept there: retry (after {grace_secs} s without the node it is re-created empty elsewhere)"
+    )]
+    NodeAway { workspace_id: String, node_id: String, absent_secs: u64, grace_secs: u64 },
+
     /// This replica's lease expired while it held the bind lock; another replica may bind.
     #[error("lost the bind lock of workspace {workspace_id}; retry")]
     LostLock { workspace_id: String },
@@ -176,7 +189,8 @@ impl From<ControlPlaneError> for Status {
             },
             E::WorkspaceFailed { .. } => Status::failed_precondition(message),
             E::BindTimeout { .. } => Status::deadline_exceeded(message),
-            E::LostLock { .. } => mark_retryable(Status::aborted(message)),
+            E::LostLock { .. } | E::BindSuperseded { .. } => mark_retryable(Status::aborted(message)),
+            E::NodeAway { .. } => mark_retryable(Status::unavailable(message)),
             E::Registry(inner) => match &*inner {
                 RegistryError::Corrupt { .. } => Status::internal(message),
                 _ => mark_retryable(Status::unavailable(message)),

@@ -26,8 +26,10 @@ use crate::config::ControlPlaneConfig;
 use crate::error::ControlPlaneError;
 use crate::keys::Keys;
 use crate::metrics;
-use crate::records::{self, NodeLoadRecord, NodeRecord, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
-use crate::registry::{LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
+use crate::records::{
+    self, NodeLoadRecord, NodeRecord, RECORD_VERSION, StoredState, TombstoneRecord, WorkspaceRecord, now_ms,
+};
+use crate::registry::{Compare, LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
 use crate::view::ReplicaView;
 
 pub struct HeartbeatService {
@@ -108,12 +110,25 @@ fn validate_register(register: &v1::Register) -> Result<(), ControlPlaneError> {
 /// State of one node's stream on this replica.
 struct NodeSession {
     registry: RegistryRef,
+    keys: Keys,
     key: String,
     view: Arc<ReplicaView>,
     config: ControlPlaneConfig,
     record: NodeRecord,
     lease: LeaseId,
     last_write: Instant,
+    tombstones: TombstoneCheck,
+}
+
+/// Copies the node reports that have no record: each is looked up once per stream in the
+/// tombstones (a workspace deleted while this node was away); a tombstoned copy is removed
+/// (quarantined) and, once the node reports it gone, the tombstone is deleted.
+#[derive(Default)]
+struct TombstoneCheck {
+    /// (workspace, generation) copies already looked up.
+    checked: std::collections::HashSet<(String, u64)>,
+    /// Tombstones naming this node whose copy was sent away: id -> tombstone mod revision.
+    pending: BTreeMap<String, i64>,
 }
 
 impl NodeSession {
@@ -156,12 +171,14 @@ impl NodeSession {
         };
         let mut session = Self {
             registry,
+            keys: service.keys.clone(),
             key: service.keys.node(&record.node_id),
             view: Arc::clone(&service.view),
             config: service.config.clone(),
             record,
             lease,
             last_write: Instant::now(),
+            tombstones: TombstoneCheck::default(),
         };
         session.write_record().await.map_err(registry_status)?;
         tracing::info!(
@@ -216,7 +233,9 @@ impl NodeSession {
                     continue;
                 }
             }
-            for destroy in self.stale_workspaces(&report) {
+            let mut stale = self.stale_workspaces(&report);
+            stale.extend(self.tombstoned_copies(&report).await);
+            for destroy in stale {
                 let command =
                     ControlMsg::Command(v1::NodeCommand { cmd: Some(v1::node_command::Cmd::DestroyStale(destroy)) });
                 if sender.send(Ok(ControlMessage { msg: Some(command) })).await.is_err() {
@@ -254,6 +273,54 @@ impl NodeSession {
         // The drain itself lives in its own key (`/drains/<node>`, no lease); the flag here
         // only shows it in the node record.
         self.record.draining = self.view.is_draining(&self.record.node_id);
+    }
+
+    /// Copies of deleted workspaces (tombstoned while this node was away), and tombstones
+    /// whose last copy this node no longer reports (deleted). Registry errors only delay
+    /// this to a later heartbeat.
+    async fn tombstoned_copies(&mut self, report: &v1::HeartbeatReport) -> Vec<v1::DestroyStale> {
+        let reported: std::collections::HashSet<&str> =
+            report.workspaces.iter().map(|local| local.workspace_id.as_str()).collect();
+        let gone: Vec<(String, i64)> = self
+            .tombstones
+            .pending
+            .iter()
+            .filter(|(id, _)| !reported.contains(id.as_str()))
+            .map(|(id, revision)| (id.clone(), *revision))
+            .collect();
+        for (id, revision) in gone {
+            let key = self.keys.tombstone(&id);
+            let txn = Txn::new().when([Compare::mod_revision(&key, revision)]).and_then([TxnOp::delete(&key)]);
+            if self.registry.txn(txn).await.is_ok() {
+                tracing::info!(node_id = %self.record.node_id, ws_id = %id, "deleted workspace's last copy gone; tombstone removed");
+                self.tombstones.pending.remove(&id);
+            }
+        }
+        let mut stale = Vec::new();
+        for local in &report.workspaces {
+            if self.view.workspace(&local.workspace_id).is_some()
+                || !self.tombstones.checked.insert((local.workspace_id.clone(), local.generation))
+            {
+                continue;
+            }
+            let key = self.keys.tombstone(&local.workspace_id);
+            let found = match self.registry.get(&key).await {
+                Ok(found) => found,
+                Err(_) => {
+                    self.tombstones.checked.remove(&(local.workspace_id.clone(), local.generation));
+                    continue;
+                }
+            };
+            let Some(kv) = found else { continue };
+            let Ok(tombstone) = records::decode::<TombstoneRecord>(&key, &kv.value) else { continue };
+            if local.generation <= tombstone.generation {
+                stale.push(v1::DestroyStale { workspace_id: local.workspace_id.clone(), generation: local.generation });
+                if tombstone.node_id.as_deref() == Some(self.record.node_id.as_str()) {
+                    self.tombstones.pending.insert(local.workspace_id.clone(), kv.mod_revision);
+                }
+            }
+        }
+        stale
     }
 
     /// Local copies that a newer placement has superseded: the node should remove them. A

@@ -22,6 +22,10 @@ impl Keys {
     pub fn lock(&self, id: &WorkspaceId) -> String {
         format!("{}/locks/{}", self.prefix, id)
     }
+    /// `/tombstones/<id>`: a deleted workspace whose copies are not all confirmed gone.
+    pub fn tombstone(&self, id: &str) -> String {
+        format!("{}/tombstones/{}", self.prefix, id)
+    }
     pub fn sessions_prefix(&self) -> String {
         format!("{}/sessions/", self.prefix)
     }

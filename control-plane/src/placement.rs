@@ -56,9 +56,12 @@ impl Placement {
                     node.backends.iter().any(|offered| offered == backend)
                 })
                 && selector.iter().all(|(key, value)| node.labels.get(*key).map(String::as_str) == Some(*value))
-                && (node.capacity_workspaces == 0 || node.load.workspaces < node.capacity_workspaces)
         };
+        let has_room =
+            |node: &NodeRecord| node.capacity_workspaces == 0 || node.load.workspaces < node.capacity_workspaces;
         let entries = view.nodes.all();
+        // The node holding the workspace's data takes it back even when full: its count
+        // already includes this workspace, and placing it elsewhere would leave it empty.
         if let Some(preferred) = prefer
             && let Some(entry) = entries.iter().find(|entry| entry.record.node_id == preferred)
             && eligible(&entry.record)
@@ -69,7 +72,7 @@ impl Placement {
         let recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let best = entries
             .iter()
-            .filter(|entry| eligible(&entry.record))
+            .filter(|entry| eligible(&entry.record) && has_room(&entry.record))
             .map(|entry| {
                 let placed_since = match recent.get(&entry.record.node_id) {
                     Some((seen, count)) if *seen == entry.mod_revision => *count,

@@ -84,6 +84,20 @@ pub enum Origin {
     RecreatedEmpty { reason: String },
 }
 
+/// `/berth/tombstones/<id>`: a workspace deleted while a copy of it may still exist on a
+/// node that was away. Every copy at `generation` or older, on any node, is superseded (moved
+/// to the quarantine when its node reports it); the tombstone goes once `node_id` reports no
+/// copy. Written in the same fenced transaction that deletes the record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TombstoneRecord {
+    pub version: u32,
+    pub workspace_id: WorkspaceId,
+    pub generation: u64,
+    #[serde(default)]
+    pub node_id: Option<String>,
+    pub deleted_at_ms: i64,
+}
+
 /// `/berth/sessions/<id>`: the durable session -> workspace binding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRecord {

@@ -89,7 +89,7 @@ pub async fn serve(
     let quotas = Arc::new(UserQuotas::new(config.max_workspaces_per_user, config.max_execs_per_user));
     let access = Access::new(Arc::clone(&store), quotas);
     let sessions = Sessions::new(binder, Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config);
-    tokio::spawn(Sweeper::new(Arc::clone(&store), nodes, &config).run(tasks.clone()));
+    tokio::spawn(Sweeper::new(Arc::clone(&store), Arc::clone(&nodes), &config).run(tasks.clone()));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<WorkspaceServiceServer<WorkspaceApi>>().await;
@@ -110,6 +110,8 @@ pub async fn serve(
             .max_encoding_message_size(config.max_message_bytes);
     let admin_api = AdminServiceServer::new(AdminApi::new(
         store,
+        Arc::clone(&nodes),
+        config.node_call_timeout,
         Arc::clone(&view),
         Arc::clone(&registry),
         keys.clone(),

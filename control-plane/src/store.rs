@@ -20,8 +20,8 @@ use futures::StreamExt;
 use crate::error::{ControlPlaneError, Result};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
-use crate::records::{self, NodeRecord, SessionRecord, StoredState, WorkspaceRecord};
-use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, WatchEvent};
+use crate::records::{self, NodeRecord, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord};
+use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
 use crate::view::{EffectiveState, ReplicaView};
 
 pub type WorkspaceStoreRef = Arc<WorkspaceStore>;
@@ -29,6 +29,19 @@ pub type WorkspaceStoreRef = Arc<WorkspaceStore>;
 /// The fencing token of a bind lock this replica holds: the lock's create revision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LockFence(i64);
+
+impl LockFence {
+    /// The lock's create revision: grows with every lock taken in the cluster, so a bind
+    /// derives its generations from it and they never repeat, not even after a delete.
+    pub fn revision(self) -> i64 {
+        self.0
+    }
+
+    #[cfg(test)]
+    pub fn for_test(revision: i64) -> Self {
+        Self(revision)
+    }
+}
 
 /// A bind lock another replica (or an earlier bind of ours) holds.
 #[derive(Clone, Copy, Debug)]
@@ -153,24 +166,51 @@ impl WorkspaceStore {
     }
 
     /// Deletes the record and its lock in one transaction, only if we still hold the lock.
-    pub async fn delete_fenced(&self, workspace_id: &WorkspaceId, fence: LockFence) -> Result<()> {
-        self.fenced(workspace_id, fence, TxnOp::delete(self.keys.workspace(workspace_id))).await
+    /// With a tombstone (a copy may survive on a node that was away), it is written in the
+    /// same transaction.
+    pub async fn delete_fenced(
+        &self,
+        workspace_id: &WorkspaceId,
+        fence: LockFence,
+        tombstone: Option<&TombstoneRecord>,
+    ) -> Result<()> {
+        let mut changes = vec![TxnOp::delete(self.keys.workspace(workspace_id))];
+        if let Some(tombstone) = tombstone {
+            changes.push(TxnOp::put(self.keys.tombstone(workspace_id.as_str()), records::encode(tombstone)));
+        }
+        self.fenced_all(workspace_id, fence, changes).await
     }
 
     async fn fenced(&self, workspace_id: &WorkspaceId, fence: LockFence, change: TxnOp) -> Result<()> {
+        self.fenced_all(workspace_id, fence, vec![change]).await
+    }
+
+    async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, mut changes: Vec<TxnOp>) -> Result<()> {
         let lock_key = self.keys.lock(workspace_id);
+        changes.push(TxnOp::delete(&lock_key));
         let response = self
             .registry
-            .txn(
-                Txn::new()
-                    .when([Compare::create_revision(&lock_key, fence.0)])
-                    .and_then([change, TxnOp::delete(&lock_key)]),
-            )
+            .txn(Txn::new().when([Compare::create_revision(&lock_key, fence.0)]).and_then(changes))
             .await?;
         if !response.succeeded {
             return Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() });
         }
         Ok(())
+    }
+
+    /// A linearizable read of a node's key and drain key: whether the node is live, drained,
+    /// or gone. Decides, under the bind lock, whether a workspace on a node the view does
+    /// not list may be placed elsewhere.
+    pub async fn node_presence(&self, node_id: &str) -> Result<NodePresence> {
+        let node_key = self.keys.node(node_id);
+        let drain_key = self.keys.drain(node_id);
+        let response = self.registry.txn(Txn::new().and_then([TxnOp::get(&node_key), TxnOp::get(&drain_key)])).await?;
+        let present = |index: usize| matches!(response.responses.get(index), Some(TxnOpResponse::Get(Some(_))));
+        Ok(match (present(0), present(1)) {
+            (_, true) => NodePresence::Drained,
+            (true, false) => NodePresence::Live,
+            (false, false) => NodePresence::Gone,
+        })
     }
 
     // ---- bind locks ----------------------------------------------------------------
@@ -289,6 +329,17 @@ impl WorkspaceStore {
             Err(_) => Ok(Leadership::Other),
         }
     }
+}
+
+/// What [`WorkspaceStore::node_presence`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodePresence {
+    /// Its key exists (the view may lag behind it).
+    Live,
+    /// An operator drained it: its workspaces move.
+    Drained,
+    /// No key: no heartbeat for a lease TTL.
+    Gone,
 }
 
 /// What [`WorkspaceStore::lead`] found.

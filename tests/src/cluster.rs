@@ -31,6 +31,8 @@ pub struct ClusterConfig {
     pub heartbeat_interval: &'static str,
     pub idle_ttl: &'static str,
     pub bind_timeout: &'static str,
+    /// `--lost-node-grace`: 0s (re-place at once) unless a test is about the grace.
+    pub lost_node_grace: &'static str,
     pub isolation: &'static str,
     /// Extra flags for every node agent (e.g. `--debug-provision-delay 3s`).
     pub node_flags: Vec<String>,
@@ -60,6 +62,7 @@ impl ClusterConfig {
             heartbeat_interval: "500ms",
             idle_ttl: "1h",
             bind_timeout: "30s",
+            lost_node_grace: "0s",
             isolation: "per-agent",
             node_flags: Vec::new(),
             replica_flags: Vec::new(),
@@ -215,6 +218,8 @@ impl Cluster {
             config.idle_ttl,
             "--bind-timeout",
             config.bind_timeout,
+            "--lost-node-grace",
+            config.lost_node_grace,
             "--isolation",
             config.isolation,
         ]

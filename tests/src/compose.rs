@@ -44,6 +44,8 @@ pub struct ComposeConfig {
     pub node_lease_ttl: Duration,
     pub replica_lease_ttl: Duration,
     pub heartbeat_interval: Duration,
+    /// How long a workspace waits for its gone node before it is re-created elsewhere.
+    pub lost_node_grace: Duration,
 }
 
 impl Default for ComposeConfig {
@@ -53,6 +55,7 @@ impl Default for ComposeConfig {
             node_lease_ttl: Duration::from_secs(3),
             replica_lease_ttl: Duration::from_secs(3),
             heartbeat_interval: Duration::from_millis(500),
+            lost_node_grace: Duration::from_secs(3),
         }
     }
 }
@@ -265,6 +268,7 @@ impl ComposeCluster {
             ("BERTH_NODE_LEASE_TTL".into(), duration(self.config.node_lease_ttl)),
             ("BERTH_REPLICA_LEASE_TTL".into(), duration(self.config.replica_lease_ttl)),
             ("BERTH_HEARTBEAT_INTERVAL".into(), duration(self.config.heartbeat_interval)),
+            ("BERTH_LOST_NODE_GRACE".into(), duration(self.config.lost_node_grace)),
             ("RUST_LOG".into(), "info,berth=debug".into()),
         ]
     }

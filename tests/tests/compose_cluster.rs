@@ -124,8 +124,9 @@ async fn metrics_of_every_process(cluster: &ComposeCluster, nodes: &[String]) {
 }
 
 /// A node agent cut off the network is gone from ListNodes within its lease TTL + 2 s; its
-/// workspace is re-placed on the next access; reconnected, it fences itself, registers
-/// anew and removes its superseded copy, and every replica keeps routing to the new place.
+/// workspace answers UNAVAILABLE for the lost-node grace, then is re-created empty on the
+/// next access (and says so); reconnected, the node fences itself, registers anew and
+/// quarantines its superseded copy, and every replica keeps routing to the new place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_partitioned_node_is_dropped_its_workspace_moves_and_it_fences_on_return() {
     let cluster = start(3).await;
@@ -159,6 +160,9 @@ async fn compose_partitioned_node_is_dropped_its_workspace_moves_and_it_fences_o
     assert!(remaining.contains(&moved_to), "moved to {moved_to}, not one of {remaining:?}");
     assert_eq!(placement(&cluster.replicas[2], &workspace_id).await, moved_to);
     println!("measured: re-placed on {moved_to} after {attempts} attempt(s)");
+    let moved = cluster.replicas[2].get_workspace(&workspace_id).await.expect("get workspace");
+    assert_eq!(moved.origin(), v1::WorkspaceOrigin::RecreatedEmpty, "the move did not say the files were lost");
+    assert!(moved.origin_reason.contains(&cut_id), "reason names the lost node: {}", moved.origin_reason);
 
     docker(&["network", "connect", "--alias", &cut_id, &network, &cut_container]).await.expect("reconnect");
     let mut all = cluster.node_ids().await.expect("ids");
@@ -178,7 +182,7 @@ async fn compose_partitioned_node_is_dropped_its_workspace_moves_and_it_fences_o
     let fenced = after.find("fenced").unwrap_or_else(|| panic!("no fence after reconnecting:\n{after}"));
     let serving = after.find("registered again; serving").unwrap_or_else(|| panic!("no re-registration:\n{after}"));
     assert!(fenced < serving, "served before fencing:\n{after}");
-    assert!(after.contains("removed a copy superseded"), "no removal logged:\n{after}");
+    assert!(after.contains("moved a copy superseded"), "no quarantine logged:\n{after}");
 
     // Asked directly, as a replica with a stale route would, the returned node refuses the
     // workspace at the generation it used to hold: that copy is gone.

@@ -1,10 +1,14 @@
-//! `berth nodes list | drain | undrain`: the node agents the control plane currently sees,
-//! and taking one out of placement (AdminService).
+//! `berth nodes list | drain | undrain | quarantine`: the node agents the control plane
+//! currently sees, taking one out of placement, and the copies a node moved aside instead of
+//! deleting (AdminService).
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use berth_proto::v1::{DrainNodeRequest, ListNodesRequest, NodeInfo, UndrainNodeRequest};
+use berth_proto::v1::{
+    AdminListQuarantineRequest, AdminRestoreQuarantineRequest, DrainNodeRequest, ListNodesRequest, NodeInfo,
+    UndrainNodeRequest,
+};
 use clap::Subcommand;
 use serde::Serialize;
 
@@ -30,6 +34,36 @@ pub enum NodesCommand {
     },
     /// Let a drained NODE receive new workspaces again.
     Undrain { node_id: String },
+    /// List the copies NODE moved to its quarantine instead of deleting them (superseded
+    /// by a newer placement, orphaned, or of a workspace deleted while the node was away);
+    /// with --restore, move one back into the live workspace of the same id on that node,
+    /// as `restored-<ENTRY>/` in its root.
+    Quarantine {
+        node_id: String,
+        #[arg(long, value_name = "ENTRY")]
+        restore: Option<String>,
+    },
+}
+
+/// JSON form of a quarantine entry.
+#[derive(Debug, Serialize)]
+pub struct QuarantineView {
+    pub entry: String,
+    pub workspace_id: String,
+    pub generation: u64,
+    pub backend: String,
+    pub reason: String,
+    pub quarantined_at: Option<String>,
+    pub bytes: u64,
+}
+
+/// JSON form of a restore.
+#[derive(Debug, Serialize)]
+pub struct RestoreView {
+    pub node_id: String,
+    pub entry: String,
+    pub workspace_id: String,
+    pub path: String,
 }
 
 /// JSON form of a drain.
@@ -158,6 +192,57 @@ pub async fn run(command: NodesCommand, global: &GlobalArgs, io: &mut Io<'_>) ->
                 format!("node {node_id} was not drained")
             };
             emit_message(io, global.output, &UndrainView { node_id, was_drained }, &message).await?;
+        }
+        NodesCommand::Quarantine { node_id, restore: None } => {
+            let mut client = connect(global).await?.admin();
+            let request = AdminListQuarantineRequest { node_id: node_id.clone() };
+            let entries = client
+                .list_quarantine(request)
+                .await
+                .rpc_context(|| format!("list the quarantine of node {node_id}"))?
+                .into_inner()
+                .entries;
+            let views: Vec<QuarantineView> = entries
+                .iter()
+                .map(|entry| QuarantineView {
+                    entry: entry.entry.clone(),
+                    workspace_id: entry.workspace_id.clone(),
+                    generation: entry.generation,
+                    backend: entry.backend.clone(),
+                    reason: entry.reason.clone(),
+                    quarantined_at: rfc3339_opt(entry.quarantined_at.as_ref()),
+                    bytes: entry.bytes,
+                })
+                .collect();
+            emit(io, global.output, &views, || {
+                let mut table = Table::new(["ENTRY", "WORKSPACE", "GENERATION", "BYTES", "QUARANTINED", "REASON"])
+                    .align_right(2)
+                    .align_right(3);
+                for view in &views {
+                    table.push_row(vec![
+                        view.entry.clone(),
+                        view.workspace_id.clone(),
+                        view.generation.to_string(),
+                        view.bytes.to_string(),
+                        view.quarantined_at.clone().unwrap_or_default(),
+                        view.reason.clone(),
+                    ]);
+                }
+                table
+            })
+            .await?;
+        }
+        NodesCommand::Quarantine { node_id, restore: Some(entry) } => {
+            let mut client = connect(global).await?.admin();
+            let request = AdminRestoreQuarantineRequest { node_id: node_id.clone(), entry: entry.clone() };
+            let restored = client
+                .restore_quarantine(request)
+                .await
+                .rpc_context(|| format!("restore quarantine entry {entry} on node {node_id}"))?
+                .into_inner();
+            let message = format!("restored {entry} into workspace {} as {}", restored.workspace_id, restored.path);
+            let view = RestoreView { node_id, entry, workspace_id: restored.workspace_id, path: restored.path };
+            emit_message(io, global.output, &view, &message).await?;
         }
     }
     Ok(0)

@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status};
 use crate::authz::{Caller, require_admin};
 use crate::error::ControlPlaneError;
 use crate::keys::Keys;
+use crate::node_client::{NodeClients, node_request};
 use crate::records::{self, DrainRecord, NodeRecord, RECORD_VERSION, ReplicaRecord, StoredState, now_ms};
 use crate::registry::{RegistryError, RegistryRef, Txn, TxnOp, TxnOpResponse};
 use crate::store::WorkspaceStoreRef;
@@ -37,6 +38,8 @@ const REFUSAL_LISTS_AT_MOST: usize = 50;
 /// workspace state) through the view and the registry.
 pub struct AdminApi {
     store: WorkspaceStoreRef,
+    nodes: Arc<NodeClients>,
+    node_call_timeout: std::time::Duration,
     view: Arc<ReplicaView>,
     registry: RegistryRef,
     keys: Keys,
@@ -46,12 +49,22 @@ pub struct AdminApi {
 impl AdminApi {
     pub fn new(
         store: WorkspaceStoreRef,
+        nodes: Arc<NodeClients>,
+        node_call_timeout: std::time::Duration,
         view: Arc<ReplicaView>,
         registry: RegistryRef,
         keys: Keys,
         replica_id: String,
     ) -> Self {
-        Self { store, view, registry, keys, replica_id }
+        Self { store, nodes, node_call_timeout, view, registry, keys, replica_id }
+    }
+
+    /// The node-agent client of a live node.
+    fn live_node(&self, node_id: &str) -> Result<crate::node_client::NodeAgentClient, Status> {
+        node_id_of(node_id)?;
+        let node =
+            self.store.node(node_id).ok_or_else(|| ControlPlaneError::NodeNotFound { node_id: node_id.to_owned() })?;
+        Ok(self.nodes.get(&node.address)?)
     }
 
     fn node_info(&self, node: &NodeRecord) -> v1::NodeInfo {
@@ -257,5 +270,36 @@ impl AdminService for AdminApi {
         self.refresh_drain(&key, response.revision).await.map_err(registry_status)?;
         tracing::info!(node_id = %node_id, was_drained, by = %caller.principal().name, "node undrained");
         Ok(Response::new(v1::UndrainNodeResponse { was_drained }))
+    }
+
+    async fn list_quarantine(
+        &self,
+        request: Request<v1::AdminListQuarantineRequest>,
+    ) -> Result<Response<v1::ListQuarantineResponse>, Status> {
+        require_admin(Caller::of(&request)?.principal())?;
+        let mut client = self.live_node(&request.get_ref().node_id)?;
+        let call = node_request(v1::ListQuarantineRequest {}, 0, self.node_call_timeout);
+        Ok(Response::new(client.list_quarantine(call).await?.into_inner()))
+    }
+
+    async fn restore_quarantine(
+        &self,
+        request: Request<v1::AdminRestoreQuarantineRequest>,
+    ) -> Result<Response<v1::RestoreQuarantineResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        require_admin(caller.principal())?;
+        let message = request.get_ref();
+        let mut client = self.live_node(&message.node_id)?;
+        let call =
+            node_request(v1::RestoreQuarantineRequest { entry: message.entry.clone() }, 0, self.node_call_timeout);
+        let restored = client.restore_quarantine(call).await?.into_inner();
+        tracing::info!(
+            node_id = %message.node_id,
+            entry = %message.entry,
+            ws_id = %restored.workspace_id,
+            by = %caller.principal().name,
+            "quarantined copy restored"
+        );
+        Ok(Response::new(restored))
     }
 }

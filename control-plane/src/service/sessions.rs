@@ -14,7 +14,7 @@ use crate::config::ControlPlaneConfig;
 use crate::error::ControlPlaneError;
 use crate::node_client::{NodeClients, node_request};
 use crate::policy::{IsolationPolicy, assign_workspace_id};
-use crate::records::{Origin, RECORD_VERSION, SessionRecord, StoredState, WorkspaceRecord, now_ms};
+use crate::records::{Origin, RECORD_VERSION, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord, now_ms};
 use crate::store::{LockFence, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
@@ -214,24 +214,43 @@ impl Sessions {
         let Some(mut record) = self.store.load(workspace_id).await? else {
             return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
         };
-        if let Some(node) = record.node_id.as_deref().and_then(|node_id| self.store.node(node_id)) {
-            let mut client = self.nodes.get(&node.address)?;
-            let timeout = self.node_call_timeout;
-            let id = workspace_id.to_string();
-            if destroy {
-                client
-                    .destroy(node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout))
-                    .await?;
-            } else {
+        // Every node call names the recorded generation: a node holding a newer copy
+        // refuses it, so a replica that lost its lock meanwhile cannot touch that copy.
+        let node = record.node_id.as_deref().and_then(|node_id| self.store.node(node_id));
+        let timeout = self.node_call_timeout;
+        let id = workspace_id.to_string();
+        if destroy {
+            let confirmed = match &node {
+                Some(node) => {
+                    let mut client = self.nodes.get(&node.address)?;
+                    let request = node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout);
+                    match client.destroy(request).await {
+                        Ok(_) => true,
+                        // The node may come back with the copy: the tombstone covers it.
+                        Err(status) if status.code() == tonic::Code::Unavailable => false,
+                        Err(status) => return Err(status.into()),
+                    }
+                }
+                None => record.node_id.is_none(),
+            };
+            // Unless the node confirmed the copy gone, a tombstone outlives the record (same
+            // fenced transaction): the copy is quarantined when its node reports it, and a
+            // new workspace of this id never adopts it.
+            let tombstone = (!confirmed).then(|| TombstoneRecord {
+                version: RECORD_VERSION,
+                workspace_id: workspace_id.clone(),
+                generation: record.generation,
+                node_id: record.node_id.clone(),
+                deleted_at_ms: now_ms(),
+            });
+            self.store.delete_fenced(workspace_id, fence, tombstone.as_ref()).await?;
+        } else {
+            if let Some(node) = &node {
+                let mut client = self.nodes.get(&node.address)?;
                 client
                     .release(node_request(v1::ReleaseRequest { workspace_id: id }, record.generation, timeout))
                     .await?;
             }
-        }
-        if destroy {
-            // The record and its lock go in one fenced transaction.
-            self.store.delete_fenced(workspace_id, fence).await?;
-        } else {
             record.state = StoredState::Idle;
             record.updated_at_ms = now_ms();
             record.changed_by = self.store.replica_id().to_owned();

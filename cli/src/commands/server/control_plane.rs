@@ -84,6 +84,11 @@ pub struct ReplicaFlags {
     /// Deadline of a whole bind (lock, provision, record write).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub bind_timeout: Duration,
+    /// How long a workspace whose node is not live answers UNAVAILABLE (its files are kept
+    /// on the node) before it is re-created empty on another node. Counted from when this
+    /// replica first found the node gone.
+    #[arg(long, env = "BERTH_LOST_NODE_GRACE", default_value = "60s", value_parser = parse_duration)]
+    pub lost_node_grace: Duration,
     /// How callers authenticate.
     #[arg(long, env = "BERTH_AUTH", value_enum, default_value = "none")]
     pub auth: AuthMode,
@@ -171,6 +176,7 @@ impl ReplicaFlags {
         config.node_lease_ttl = self.node_lease_ttl;
         config.heartbeat_interval = self.heartbeat_interval;
         config.bind_timeout = self.bind_timeout;
+        config.lost_node_grace = self.lost_node_grace;
         config.provision_timeout = self.bind_timeout.mul_f64(0.75);
         Ok(())
     }

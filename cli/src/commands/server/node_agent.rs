@@ -100,6 +100,10 @@ pub struct NodeFlags {
     /// and writable; else per-process rlimits, with a warning), required, or off.
     #[arg(long, env = "BERTH_SANDBOX_CGROUPS", default_value = "auto", value_parser = CgroupPolicy::parse)]
     pub sandbox_cgroups: CgroupPolicy,
+    /// How long copies moved to the quarantine (superseded, orphaned, replaced by a fresh
+    /// workspace of the same id) are kept before they are deleted.
+    #[arg(long, env = "BERTH_QUARANTINE_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub quarantine_retention: Duration,
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
@@ -201,6 +205,7 @@ impl NodeFlags {
         config.capacity_workspaces = self.capacity;
         config.max_file_bytes = self.max_file_bytes;
         config.debug_provision_delay = self.debug_provision_delay;
+        config.quarantine_retention = self.quarantine_retention;
         config.docker_image = self.docker_image.clone();
         config.max_execs_per_workspace = self.max_execs_per_workspace;
         config.sandbox_allow_cidrs = split_list(&self.sandbox_allow_cidrs)
