@@ -16,8 +16,6 @@ use std::time::Duration;
 use berth_workspace::{WorkspaceError, WorkspaceId};
 use serde::{Deserialize, Serialize};
 
-use crate::state::now_ms;
-
 const META: &str = "meta.json";
 const FILES: &str = "files";
 
@@ -192,6 +190,13 @@ impl Quarantine {
         }
         Ok(purged)
     }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Bytes of the regular files under `root` (symlinks are not followed).

@@ -80,7 +80,7 @@ async fn concurrent_first_creates_over_three_replicas_make_one_workspace() {
         let seen = replica.server.get_workspace(&workspace_id).await.expect("get workspace");
         assert_eq!(seen.state(), v1::WorkspaceState::Ready, "{}: {seen:?}", replica.id);
         assert_eq!(Some(seen.node_id.as_str()), record.node_id.as_deref(), "{}", replica.id);
-        assert_eq!(seen.generation, 1, "one placement, generation 1: {seen:?}");
+        assert_eq!(seen.generation, record.generation, "one placement: {seen:?}");
     }
 
     // The ground truth: one directory across both nodes' disks, on the recorded node, and

@@ -217,7 +217,7 @@ async fn a_paused_node_fences_itself_registers_anew_and_drops_moved_copies() {
     // The directory goes first, then the node logs the removal: wait for both.
     let expected = vec![(other_id.clone(), workspace_id.clone())];
     let dropped = wait_until(Duration::from_secs(10), || async {
-        cluster.workspace_dirs() == expected && paused.server.log()[resumed_at..].contains("removed a copy superseded")
+        cluster.workspace_dirs() == expected && paused.server.log()[resumed_at..].contains("moved a copy superseded")
     })
     .await;
     assert!(dropped, "workspace dirs {:?}, expected {expected:?}\n{}", cluster.workspace_dirs(), cluster.logs(30));
@@ -229,7 +229,7 @@ async fn a_paused_node_fences_itself_registers_anew_and_drops_moved_copies() {
     let position = |needle: &str| resumed.find(needle);
     let fenced = position("fenced").unwrap_or_else(|| panic!("no fence after SIGCONT:\n{resumed}"));
     let serving = position("registered again; serving").unwrap_or_else(|| panic!("no re-registration:\n{resumed}"));
-    let removed = position("removed a copy superseded").unwrap_or_else(|| panic!("no removal:\n{resumed}"));
+    let removed = position("moved a copy superseded").unwrap_or_else(|| panic!("no removal:\n{resumed}"));
     assert!(fenced < serving && serving < removed, "out of order after SIGCONT:\n{resumed}");
 
     // The node no longer holds the workspace: asked directly at the old generation, it

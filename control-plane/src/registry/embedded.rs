@@ -81,13 +81,15 @@ impl EmbeddedRegistry {
     /// A registry whose durable keys (those without a lease) are journaled at `path` and
     /// restored from it.
     pub fn open(path: &std::path::Path, config: EmbeddedConfig) -> std::io::Result<Arc<Self>> {
-        let (journal, durable) = journal::Journal::open(path)?;
+        let (journal, durable, revision) = journal::Journal::open(path)?;
         let registry = Self::build(config, Some(journal));
         if !durable.is_empty() {
             let restore =
                 Txn::new().and_then(durable.into_iter().map(|(key, value)| crate::registry::TxnOp::put(key, value)));
             registry.lock().store.txn(&restore).map_err(std::io::Error::other)?;
         }
+        // Revisions never go back across a restart (generations derive from them).
+        registry.lock().store.advance_revision(revision);
         Ok(registry)
     }
 
@@ -271,6 +273,33 @@ mod tests {
             .await
             .expect("reaper stops")
             .expect("reaper does not panic");
+    }
+
+    /// Bind generations derive from lock revisions: a restart must never move the revision
+    /// back, even when the last writes were leased keys only (locks). Before, a reopened
+    /// store counted from the number of durable keys.
+    #[tokio::test]
+    async fn journal_keeps_the_revision_across_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("registry.journal");
+        let before = {
+            let registry = EmbeddedRegistry::open(&path, EmbeddedConfig::default()).expect("open");
+            registry.put("/w/a", "1".into()).await.expect("put");
+            let lease = registry.grant_lease(Duration::from_secs(60)).await.expect("lease");
+            for index in 0..20 {
+                let key = format!("/locks/{index}");
+                registry.txn(Txn::new().and_then([TxnOp::put_with_lease(key, "held", lease)])).await.expect("lock");
+            }
+            let revision = registry.lock().store.revision();
+            registry.journal.as_ref().expect("journal").close();
+            revision
+        };
+        for _ in 0..2 {
+            let reopened = EmbeddedRegistry::open(&path, EmbeddedConfig::default()).expect("reopen");
+            let next = reopened.put("/w/b", "2".into()).await.expect("put");
+            assert!(next > before, "revision went back: {next} after {before}");
+            reopened.journal.as_ref().expect("journal").close();
+        }
     }
 
     #[tokio::test]

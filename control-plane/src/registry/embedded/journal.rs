@@ -4,7 +4,10 @@
 //! never written: after a restart they are re-created by their owners.
 //!
 //! Format: one JSON object per line — `{"k": key, "v": utf8 value}`, `{"k": key, "x": hex
-//! value}` or `{"d": key}`. On open the journal is replayed, then rewritten compactly (temp
+//! value}`, `{"d": key}` or `{"r": revision}`. Every batch ends with the store's revision, also
+//! a batch of leased keys only: bind generations derive from lock revisions, so the revision
+//! must never go back across a restart (a node would refuse the next workspace of an id as
+//! older than one it has seen). On open the journal is replayed, then rewritten compactly (temp
 //! file + rename) and appended to by a dedicated writer thread, so the registry's mutex
 //! never waits for the disk. Lines are flushed per batch (no fsync): a process crash loses
 //! nothing the kernel has, a power loss may lose the last writes.
@@ -33,18 +36,24 @@ struct Line {
     x: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     d: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    r: Option<i64>,
 }
 
 impl Line {
     fn put(key: &str, value: &[u8]) -> Self {
         match std::str::from_utf8(value) {
-            Ok(text) => Self { k: Some(key.to_owned()), v: Some(text.to_owned()), x: None, d: None },
-            Err(_) => Self { k: Some(key.to_owned()), v: None, x: Some(hex::encode(value)), d: None },
+            Ok(text) => Self { k: Some(key.to_owned()), v: Some(text.to_owned()), x: None, d: None, r: None },
+            Err(_) => Self { k: Some(key.to_owned()), v: None, x: Some(hex::encode(value)), d: None, r: None },
         }
     }
 
     fn delete(key: &str) -> Self {
-        Self { k: None, v: None, x: None, d: Some(key.to_owned()) }
+        Self { k: None, v: None, x: None, d: Some(key.to_owned()), r: None }
+    }
+
+    fn revision(revision: i64) -> Self {
+        Self { k: None, v: None, x: None, d: None, r: Some(revision) }
     }
 }
 
@@ -55,10 +64,10 @@ pub(super) struct Journal {
 
 impl Journal {
     /// Replays `path` (if it exists), rewrites it compactly and starts the writer. Returns
-    /// the durable keys to seed the store with.
-    pub fn open(path: &Path) -> io::Result<(Self, BTreeMap<String, Bytes>)> {
-        let durable = replay(path)?;
-        rewrite(path, &durable)?;
+    /// the durable keys to seed the store with and the last revision the store reached.
+    pub fn open(path: &Path) -> io::Result<(Self, BTreeMap<String, Bytes>, i64)> {
+        let (durable, revision) = replay(path)?;
+        rewrite(path, &durable, revision)?;
         let file = OpenOptions::new().append(true).open(path)?;
         let (sender, receiver) = mpsc::channel::<Vec<Line>>();
         let shown = path.display().to_string();
@@ -74,12 +83,12 @@ impl Journal {
                 }
             }
         })?;
-        Ok((Self { sender: Mutex::new(Some(sender)), writer: Mutex::new(Some(writer)) }, durable))
+        Ok((Self { sender: Mutex::new(Some(sender)), writer: Mutex::new(Some(writer)) }, durable, revision))
     }
 
     /// Queues the durable part of a write batch.
     pub fn record(&self, events: &[WatchEvent]) {
-        let lines: Vec<Line> = events
+        let mut lines: Vec<Line> = events
             .iter()
             .map(|event| match event {
                 WatchEvent::Put(kv) if kv.lease == 0 => Line::put(&kv.key, &kv.value),
@@ -88,9 +97,8 @@ impl Journal {
                 WatchEvent::Delete { key, .. } => Line::delete(key),
             })
             .collect();
-        if lines.is_empty() {
-            return;
-        }
+        let Some(revision) = events.iter().map(|event| event.revision()).max() else { return };
+        lines.push(Line::revision(revision));
         if let Some(sender) = self.sender.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
             // The writer only stops when we drop the sender.
             let _ = sender.send(lines);
@@ -112,11 +120,12 @@ impl Drop for Journal {
     }
 }
 
-fn replay(path: &Path) -> io::Result<BTreeMap<String, Bytes>> {
+fn replay(path: &Path) -> io::Result<(BTreeMap<String, Bytes>, i64)> {
     let mut durable = BTreeMap::new();
+    let mut revision = 0;
     let file = match File::open(path) {
         Ok(file) => file,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(durable),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok((durable, revision)),
         Err(error) => return Err(error),
     };
     for (number, line) in BufReader::new(file).lines().enumerate() {
@@ -130,6 +139,7 @@ fn replay(path: &Path) -> io::Result<BTreeMap<String, Bytes>> {
             continue;
         };
         match parsed {
+            Line { r: Some(seen), .. } => revision = revision.max(seen),
             Line { d: Some(key), .. } => {
                 durable.remove(&key);
             }
@@ -145,10 +155,10 @@ fn replay(path: &Path) -> io::Result<BTreeMap<String, Bytes>> {
             _ => tracing::warn!(path = %path.display(), line = number + 1, "ignoring an empty journal line"),
         }
     }
-    Ok(durable)
+    Ok((durable, revision))
 }
 
-fn rewrite(path: &Path, durable: &BTreeMap<String, Bytes>) -> io::Result<()> {
+fn rewrite(path: &Path, durable: &BTreeMap<String, Bytes>, revision: i64) -> io::Result<()> {
     let temporary = temporary_path(path);
     {
         // 0600: the journal holds every record, workspace specs (their env) included.
@@ -158,6 +168,8 @@ fn rewrite(path: &Path, durable: &BTreeMap<String, Bytes>) -> io::Result<()> {
             serde_json::to_writer(&mut output, &Line::put(key, value)).map_err(io::Error::other)?;
             output.write_all(b"\n")?;
         }
+        serde_json::to_writer(&mut output, &Line::revision(revision)).map_err(io::Error::other)?;
+        output.write_all(b"\n")?;
         output.flush()?;
         output.get_ref().sync_all()?;
     }

@@ -85,6 +85,12 @@ impl Store {
         self.revision
     }
 
+    /// Moves the revision forward to at least `revision` (a journal replay: the store was at
+    /// that revision before the restart).
+    pub fn advance_revision(&mut self, revision: i64) {
+        self.revision = self.revision.max(revision);
+    }
+
     pub fn get(&self, key: &str) -> Option<KeyValue> {
         self.keys.get(key).cloned()
     }
