@@ -209,6 +209,18 @@ impl BerthProcess {
     }
 }
 
+/// Runs the `berth` CLI against `endpoint` with no token or act-as from the environment.
+pub fn cli(endpoint: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(berth_binary())
+        .arg("--endpoint")
+        .arg(endpoint)
+        .args(args)
+        .env_remove("BERTH_TOKEN")
+        .env_remove("BERTH_ACT_AS")
+        .output()
+        .expect("run the berth cli")
+}
+
 /// Whether a failed call may succeed when tried again: the server marked it retryable, or
 /// the transport could not deliver it or did not hear back in time.
 pub fn is_transient(status: &Status) -> bool {

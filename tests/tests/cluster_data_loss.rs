@@ -9,7 +9,7 @@ use berth_proto::meta::ErrorKind;
 use berth_proto::v1;
 use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_testkit::{wait_for, wait_until};
-use berth_tests::berth::{berth_binary, retry_transient};
+use berth_tests::berth::{cli, retry_transient};
 use berth_tests::cluster::{Cluster, ClusterConfig};
 use nix::sys::signal::Signal;
 use tonic::Code;
@@ -159,17 +159,6 @@ async fn a_workspace_deleted_while_its_node_was_away_never_serves_its_files_agai
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-fn cli(endpoint: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(berth_binary())
-        .arg("--endpoint")
-        .arg(endpoint)
-        .args(args)
-        .env_remove("BERTH_TOKEN")
-        .env_remove("BERTH_ACT_AS")
-        .output()
-        .expect("run the berth cli")
 }
 
 /// A node call as a replica sends it: the generation it expects in `x-berth-generation`.

@@ -5,26 +5,14 @@
 //! copy, the drain survives a replica restart, `berth status` shows it, and an undrain makes
 //! the node eligible again.
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use berth_proto::v1::NodeState;
 use berth_testkit::wait_until;
-use berth_tests::berth::berth_binary;
+use berth_tests::berth::cli;
 use berth_tests::cluster::{Cluster, ClusterConfig};
 
 const DEADLINE: Duration = Duration::from_secs(20);
-
-fn cli(endpoint: &str, args: &[&str]) -> Output {
-    Command::new(berth_binary())
-        .arg("--endpoint")
-        .arg(endpoint)
-        .args(args)
-        .env_remove("BERTH_TOKEN")
-        .env_remove("BERTH_ACT_AS")
-        .output()
-        .expect("run the berth cli")
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
