@@ -59,6 +59,11 @@ pub enum ControlPlaneError {
     #[error("{reason}")]
     BadRegistration { reason: String },
 
+    /// This replica cannot renew a node's lease (etcd unreachable or too slow): the node
+    /// must heartbeat elsewhere at once.
+    #[error("replica cannot renew the lease of node {node_id}: {reason}")]
+    NodeLeaseUnrenewable { node_id: String, reason: String },
+
     /// The connection to the node broke after the call was sent: the node may have run it,
     /// so it is not retried.
     #[error("the connection to the node broke after the call was sent; it may have run (not retried): {reason}")]
@@ -168,6 +173,7 @@ impl From<ControlPlaneError> for Status {
             E::DrainLosesData { .. } | E::NodeTlsMissing { .. } => Status::failed_precondition(message),
             E::BadNodeAddress { .. } => Status::internal(message),
             E::NoLiveNode { .. } => mark_retryable(Status::unavailable(message)),
+            E::NodeLeaseUnrenewable { .. } => Status::unavailable(message),
             // Not UNAVAILABLE: clients retry that, and a retry could run the call twice.
             E::OutcomeUnknown { .. } => Status::unknown(message),
             E::QuotaExceeded { .. } => ErrorKind::LimitExceeded.attach(Status::resource_exhausted(message)),
