@@ -70,7 +70,12 @@ impl NodeService for HeartbeatService {
             }
         };
         validate_register(&register)?;
+        let held = v1::HeartbeatReport { seq: 0, load: None, workspaces: register.workspaces.clone() };
         let (mut session, lease_ttl) = NodeSession::register(self, register).await?;
+        // Copies superseded while the node was away are named before `Registered`: the node
+        // removes them before it lifts its fence, so it never serves a copy another node
+        // now holds (issue 13, finding 6).
+        let stale = session.stale_workspaces(&held);
         let (sender, receiver) = mpsc::channel(16);
         let registered = ControlMsg::Registered(v1::Registered {
             lease_id: session.record.lease_id,
@@ -82,6 +87,13 @@ impl NodeService for HeartbeatService {
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let node_id = session.record.node_id.clone();
+            for destroy in stale {
+                let command =
+                    ControlMsg::Command(v1::NodeCommand { cmd: Some(v1::node_command::Cmd::DestroyStale(destroy)) });
+                if sender.send(Ok(ControlMessage { msg: Some(command) })).await.is_err() {
+                    return;
+                }
+            }
             if sender.send(Ok(ControlMessage { msg: Some(registered) })).await.is_err() {
                 return;
             }

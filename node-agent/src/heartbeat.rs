@@ -160,6 +160,7 @@ impl Heartbeater {
             lease_id,
             node_generation,
             capacity_workspaces: self.config.capacity_workspaces,
+            workspaces: self.workspaces.all().iter().map(|entry| local_workspace(entry)).collect(),
         };
         let register_sent = Instant::now();
         outbound
@@ -170,13 +171,23 @@ impl Heartbeater {
             .await
             .map_err(|_| format!("no answer to the registration within {REGISTER_TIMEOUT:?}"))?;
         let mut inbound = opened.map_err(|status| format!("register refused: {}", status.message()))?.into_inner();
-        let message = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
-            .await
-            .map_err(|_| format!("no registration answer within {REGISTER_TIMEOUT:?}"))?
-            .map_err(|status| status.message().to_owned())?;
-        let registered = match message.and_then(|message| message.msg) {
-            Some(ControlMsg::Registered(registered)) => registered,
-            other => return Err(format!("expected a registration answer, got {other:?}")),
+        // The replica names the copies superseded while we were away before it answers
+        // `Registered`; they go before the fence lifts, so this node never serves a copy
+        // another node now holds (issue 13, finding 6).
+        let registered = loop {
+            let message = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
+                .await
+                .map_err(|_| format!("no registration answer within {REGISTER_TIMEOUT:?}"))?
+                .map_err(|status| status.message().to_owned())?;
+            match message.and_then(|message| message.msg) {
+                Some(ControlMsg::Registered(registered)) => break registered,
+                Some(ControlMsg::Command(command)) => {
+                    if let Some(stale) = destroy_stale_of(command) {
+                        destroy_stale(Arc::clone(&self.workspaces), stale).await;
+                    }
+                }
+                other => return Err(format!("expected a registration answer, got {other:?}")),
+            }
         };
         let interval = Duration::from_millis(registered.heartbeat_interval_ms.max(100));
         let registered_ttl = Duration::from_millis(registered.lease_ttl_ms);

@@ -1,9 +1,10 @@
-//! The node <-> replica heartbeat path under partial failures (issue 13, findings 2, 8),
+//! The node <-> replica heartbeat path under partial failures (issue 13, findings 2, 6, 8),
 //! with real processes and TCP proxies:
 //! - a replica that loses etcd closes its streams and the node continues its lease on
 //!   another replica within about two heartbeat intervals, never fenced;
 //! - the node obeys the TTL etcd reports for its lease, not a replica's flag, and stops
-//!   serving before its key can vanish.
+//!   serving before its key can vanish;
+//! - a node registering again removes its superseded copies before it serves.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -13,6 +14,7 @@ use berth_testkit::wait_until;
 use berth_tests::berth::BerthProcess;
 use berth_tests::cluster::{Cluster, ClusterConfig, Node};
 use berth_tests::proxy::{Proxy, ProxyMode};
+use nix::sys::signal::Signal;
 
 /// The harness's node lease TTL and heartbeat interval ([`ClusterConfig::new`]).
 const NODE_LEASE_TTL: Duration = Duration::from_secs(3);
@@ -158,6 +160,73 @@ async fn a_node_obeys_the_ttl_etcd_reports_not_the_replica_flag() {
     }
     // Serving again only after a registration: still cut off, it stays fenced.
     assert!(!node.is_serving().await);
+}
+
+/// (d) Finding 6, node part. A node paused past its lease TTL loses its workspace to the
+/// other node. After SIGCONT it registers again; polled every 20 ms, it never serves while
+/// the superseded copy is still on its disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_registering_again_removes_superseded_copies_before_it_serves() {
+    let cluster = Cluster::start(ClusterConfig::on_shared_etcd(2, 2)).await.expect("cluster");
+    let registry = cluster.registry().await;
+    let session = cluster.replicas[0].server.create_session("hb-d", "agent").await.expect("create");
+    let workspace_id = session.workspace_id;
+    let record = cluster.workspace_record(registry.as_ref(), &workspace_id).await.expect("read").expect("record");
+    let paused_id = record.node_id.clone().expect("placed");
+    let paused = cluster.node(&paused_id).expect("node");
+    let copy = paused.data_dir.join("workspaces").join(&workspace_id);
+    assert!(copy.exists());
+
+    paused.server.process.signal(Signal::SIGSTOP);
+    let gone = wait_until(NODE_LEASE_TTL + Duration::from_secs(3), || async {
+        cluster.node_record(registry.as_ref(), &paused_id).await.ok().is_some_and(|record| record.is_none())
+    })
+    .await;
+    if !gone {
+        paused.server.process.signal(Signal::SIGCONT);
+        panic!("the paused node's lease did not lapse\n{}", cluster.logs(30));
+    }
+    let ran = cluster.replicas[1].server.exec(&workspace_id, &["true"]).await;
+    if let Err(status) = ran {
+        paused.server.process.signal(Signal::SIGCONT);
+        panic!("exec while the node is paused: {status:?}\n{}", cluster.logs(30));
+    }
+
+    let log_before = paused.server.log().len();
+    paused.server.process.signal(Signal::SIGCONT);
+    let resumed_at = Instant::now();
+    let mut polls = 0;
+    loop {
+        let serving = paused.is_serving().await;
+        // Checked after `serving`: a copy present now was present when the node answered.
+        let copy_present = copy.exists();
+        assert!(
+            !(serving && copy_present),
+            "the node serves {:?} after SIGCONT while its superseded copy is still on disk\n{}",
+            resumed_at.elapsed(),
+            paused.server.process.log_tail(30)
+        );
+        polls += 1;
+        if serving && !copy_present {
+            break;
+        }
+        assert!(resumed_at.elapsed() < Duration::from_secs(15), "the node never served again\n{}", cluster.logs(30));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("served again {:?} after SIGCONT ({polls} polls), copy removed first", resumed_at.elapsed());
+    // The window between lifting the fence and removing the copy can be shorter than a
+    // poll; the node's log orders the two exactly.
+    let logged = wait_until(Duration::from_secs(5), || async {
+        let log = paused.server.log();
+        log[log_before..].contains("registered again; serving")
+    })
+    .await;
+    let log = paused.server.log();
+    let resumed = &log[log_before..];
+    assert!(logged, "no re-registration after SIGCONT:\n{resumed}");
+    let removed = resumed.find("removed a copy superseded").unwrap_or_else(|| panic!("no removal:\n{resumed}"));
+    let serving = resumed.find("registered again; serving").expect("checked above");
+    assert!(removed < serving, "the node served before removing its superseded copy:\n{resumed}");
 }
 
 /// `127.0.0.1:port` of `http://127.0.0.1:port`.
