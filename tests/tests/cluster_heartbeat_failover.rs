@@ -4,6 +4,7 @@
 //!   another replica within about two heartbeat intervals, never fenced;
 //! - the node obeys the TTL etcd reports for its lease, not a replica's flag, and stops
 //!   serving before its key can vanish;
+//! - a fenced node registers with the next replica;
 //! - a node registering again removes its superseded copies before it serves.
 
 use std::net::SocketAddr;
@@ -227,6 +228,37 @@ async fn a_node_registering_again_removes_superseded_copies_before_it_serves() {
     let removed = resumed.find("removed a copy superseded").unwrap_or_else(|| panic!("no removal:\n{resumed}"));
     let serving = resumed.find("registered again; serving").expect("checked above");
     assert!(removed < serving, "the node served before removing its superseded copy:\n{resumed}");
+}
+
+/// Finding 2. A node fenced for a lapsed lease registers again with the *next* replica,
+/// not the one it was heartbeating to (which may be the reason it lapsed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_node_registers_with_the_next_replica() {
+    let cluster = Cluster::start(ClusterConfig::on_shared_etcd(2, 1)).await.expect("cluster");
+    let registry = cluster.registry().await;
+    let node = &cluster.nodes[0];
+    let before = cluster.node_record(registry.as_ref(), &node.id).await.expect("read").expect("node record");
+
+    node.server.process.signal(Signal::SIGSTOP);
+    let gone = wait_until(NODE_LEASE_TTL + Duration::from_secs(3), || async {
+        cluster.node_record(registry.as_ref(), &node.id).await.ok().is_some_and(|record| record.is_none())
+    })
+    .await;
+    node.server.process.signal(Signal::SIGCONT);
+    assert!(gone, "the paused node's lease did not lapse\n{}", cluster.logs(30));
+    let registered = wait_until(Duration::from_secs(10), || async {
+        cluster.node_record(registry.as_ref(), &node.id).await.ok().flatten().is_some()
+    })
+    .await;
+    assert!(registered, "the node did not register again\n{}", cluster.logs(30));
+    let after = cluster.node_record(registry.as_ref(), &node.id).await.expect("read").expect("node record");
+    assert!(after.node_generation > before.node_generation, "{before:?} -> {after:?}");
+    assert_ne!(
+        after.replica_id,
+        before.replica_id,
+        "after a fence the node must try the next replica first\n{}",
+        node.server.process.log_tail(30)
+    );
 }
 
 /// `127.0.0.1:port` of `http://127.0.0.1:port`.
