@@ -309,8 +309,8 @@ async fn destroy_stale(workspaces: Arc<Workspaces>, stale: v1::DestroyStale) {
     }
 }
 
-/// Fences the node a margin before its lease can expire (see [`LeaseState::fence_at`]). The lease id is
-/// kept: the lease may well be alive (etcd extends leases across a leader change), and the
+/// Fences the node a margin before its lease can expire (see [`LeaseState::fence_at`]). The
+/// lease id is kept: the lease may well be alive (etcd extends leases across a leader change), and the
 /// next registration presents it, so the replica continues it if it still exists — then no
 /// replica can have seen the node leave — or grants a new one with a new generation.
 async fn watchdog(lease: Arc<Mutex<LeaseState>>, fence: Arc<Fence>, cancel: CancellationToken) {
