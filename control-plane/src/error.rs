@@ -59,6 +59,16 @@ pub enum ControlPlaneError {
     #[error("{reason}")]
     BadRegistration { reason: String },
 
+    /// This replica cannot renew a node's lease (etcd unreachable or too slow): the node
+    /// must heartbeat elsewhere at once.
+    #[error("replica cannot renew the lease of node {node_id}: {reason}")]
+    NodeLeaseUnrenewable { node_id: String, reason: String },
+
+    /// The connection to the node broke after the call was sent: the node may have run it,
+    /// so it is not retried.
+    #[error("the connection to the node broke after the call was sent; it may have run (not retried): {reason}")]
+    OutcomeUnknown { reason: String },
+
     #[error("node {node_id} is not live and holds no workspace record")]
     NodeNotFound { node_id: String },
 
@@ -176,6 +186,9 @@ impl From<ControlPlaneError> for Status {
             E::DrainLosesData { .. } | E::NodeTlsMissing { .. } => Status::failed_precondition(message),
             E::BadNodeAddress { .. } => Status::internal(message),
             E::NoLiveNode { .. } => mark_retryable(Status::unavailable(message)),
+            E::NodeLeaseUnrenewable { .. } => Status::unavailable(message),
+            // Not UNAVAILABLE: clients retry that, and a retry could run the call twice.
+            E::OutcomeUnknown { .. } => Status::unknown(message),
             E::QuotaExceeded { .. } => ErrorKind::LimitExceeded.attach(Status::resource_exhausted(message)),
             E::ProvisionFailed { code, .. } => match code {
                 // A spec over a node's ceiling is the node's INVALID_ARGUMENT; its message names

@@ -5,7 +5,9 @@
 //! what this replica checks before forwarding it ([`Forward`], the table below; the node
 //! checks again). [`Forwarder`] is the one path every such call takes: authorize →
 //! validate → resolve the route → forward with [`Router::forward`]'s one retry on a stale
-//! route (client streams: [`router::pipe`](crate::router::pipe), no retry).
+//! route (client streams: [`router::pipe`](crate::router::pipe), no retry). A call that
+//! runs something ([`Forward::RUNS`]) is retried after a broken connection only if it never
+//! left this replica.
 //! [`forwarding!`] writes a public service's handlers from its RPC table in `berth-proto`
 //! (`routed.rs`); the node serves the same service definitions from the same table, so the
 //! call goes out unchanged.
@@ -32,7 +34,7 @@ use crate::authz::{Access, Action, Caller};
 use crate::error::ControlPlaneError;
 use crate::node_client::DataPlaneClient;
 use crate::quota::Slot;
-use crate::router::{Router, pipe};
+use crate::router::{Replay, Router, pipe};
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -59,6 +61,11 @@ pub trait Forward: Routed + Clone + Send + Sync + 'static {
 
     /// Counts against the caller's concurrent execs (`--max-execs-per-user`).
     const USER_EXEC: bool = false;
+
+    /// Runs something on the node (an exec, a tool call): sending it twice may run it twice,
+    /// so after a broken connection it is retried only if it provably never left this
+    /// replica ([`Replay::OnlyUnsent`]).
+    const RUNS: bool = false;
 
     /// The node call's deadline; `None` for long streams (the transport's keep-alive
     /// notices a dead node).
@@ -101,12 +108,12 @@ fn tool_result_size(content: &[u8]) -> Result<(), WorkspaceError> {
 
 /// One line per forwarded message: `Message => |message| validation` (a
 /// `Result<(), WorkspaceError>`), then optionally `, deadline: |message| expression` (an
-/// `Option<Duration>`; the default is the node call timeout). `Message [CONST]` sets a
-/// `bool` const of [`Forward`] (e.g. `USER_EXEC`) to true.
+/// `Option<Duration>`; the default is the node call timeout). `Message [CONST, ...]` sets
+/// `bool` consts of [`Forward`] (e.g. `USER_EXEC`, `RUNS`) to true.
 macro_rules! forward {
-    ($($message:ident $([$flag:ident])? => |$m:ident| $check:expr $(, deadline: |$d:ident| $deadline:expr)?;)*) => {$(
+    ($($message:ident $([$($flag:ident),+])? => |$m:ident| $check:expr $(, deadline: |$d:ident| $deadline:expr)?;)*) => {$(
         impl Forward for v1::$message {
-            $(const $flag: bool = true;)?
+            $($(const $flag: bool = true;)+)?
             fn validate(&self) -> Result<(), Status> {
                 let $m = self;
                 $check.map_err(invalid)
@@ -120,7 +127,7 @@ macro_rules! forward {
 }
 
 forward! {
-    ExecRequest [USER_EXEC] => |m| exec_spec_from_proto(m).map(drop),
+    ExecRequest [USER_EXEC, RUNS] => |m| exec_spec_from_proto(m).map(drop),
         deadline: |m| exec_deadline(m.timeout_ms);
     ReadFileRequest => |m| relative(&m.path), deadline: |_m| None;
     WriteFileHeader => |m| relative(&m.path);
@@ -132,7 +139,7 @@ forward! {
     RemoveMcpRequest => |m| check_mcp_target(&m.name, None);
     ListMcpsRequest => |_m| Ok(());
     ListMcpToolsRequest [USER_EXEC] => |m| check_mcp_target(&m.server, None), deadline: |m| mcp_deadline(m.timeout_ms);
-    CallMcpToolRequest [USER_EXEC] => |m| check_mcp_target(&m.server, Some(&m.tool))
+    CallMcpToolRequest [USER_EXEC, RUNS] => |m| check_mcp_target(&m.server, Some(&m.tool))
         .and_then(|()| tool_arguments(&m.arguments_json).map(drop)),
         deadline: |m| mcp_deadline(m.timeout_ms);
     AddSkillHeader => |m| check_skill_name(&m.name, false);
@@ -196,7 +203,8 @@ impl Forwarder {
         let message = request.into_inner();
         let (id, slot) = self.admit(&caller, &message).await?;
         let deadline = message.deadline(self.node_call_timeout);
-        let response = self.router.forward(&id, message, deadline, call).await?;
+        let replay = if M::RUNS { Replay::OnlyUnsent } else { Replay::Any };
+        let response = self.router.forward(&id, message, deadline, replay, call).await?;
         Ok((response, slot))
     }
 

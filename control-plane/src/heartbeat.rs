@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use berth_proto::v1::control_message::Msg as ControlMsg;
 use berth_proto::v1::node_message::Msg as NodeMsg;
@@ -71,23 +72,38 @@ impl NodeService for HeartbeatService {
             }
         };
         validate_register(&register)?;
-        let mut session = NodeSession::register(self, register).await?;
+        let held = v1::HeartbeatReport { seq: 0, load: None, workspaces: register.workspaces.clone() };
+        let (mut session, lease_ttl) = NodeSession::register(self, register).await?;
+        // Copies superseded while the node was away are named before `Registered`: the node
+        // removes them before it lifts its fence, so it never serves a copy another node
+        // now holds (issue 13, finding 6).
+        let stale = session.stale_workspaces(&held);
         let (sender, receiver) = mpsc::channel(16);
         let registered = ControlMsg::Registered(v1::Registered {
             lease_id: session.record.lease_id,
             node_generation: session.record.node_generation,
-            lease_ttl_ms: self.config.node_lease_ttl.as_millis() as u64,
+            lease_ttl_ms: lease_ttl.as_millis() as u64,
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u64,
             replica_id: self.config.replica_id.clone(),
         });
-        // Cannot fail: the receiver is alive and the channel empty.
-        let _ = sender.try_send(Ok(ControlMessage { msg: Some(registered) }));
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let node_id = session.record.node_id.clone();
+            for destroy in stale {
+                let command =
+                    ControlMsg::Command(v1::NodeCommand { cmd: Some(v1::node_command::Cmd::DestroyStale(destroy)) });
+                if sender.send(Ok(ControlMessage { msg: Some(command) })).await.is_err() {
+                    return;
+                }
+            }
+            if sender.send(Ok(ControlMessage { msg: Some(registered) })).await.is_err() {
+                return;
+            }
             metrics::heartbeat_streams(1.0);
-            if let Err(error) = session.serve(&mut inbound, &sender, shutdown).await {
-                tracing::info!(node_id = %node_id, %error, "heartbeat stream ended");
+            if let Err(status) = session.serve(&mut inbound, &sender, shutdown).await {
+                tracing::info!(node_id = %node_id, error = %status.message(), "heartbeat stream ended");
+                // The node learns why and moves to another replica at once.
+                let _ = sender.send(Err(status)).await;
             }
             metrics::heartbeat_streams(-1.0);
         });
@@ -133,23 +149,26 @@ struct TombstoneCheck {
 
 impl NodeSession {
     /// Continues the node's lease if it still exists, else grants a new one (and a new node
-    /// generation), and writes the node record on it.
-    async fn register(service: &HeartbeatService, register: v1::Register) -> Result<Self, Status> {
+    /// generation), and writes the node record on it. Also returns the lease's TTL as etcd
+    /// answered it: the keep-alive's for a continued lease (granted by whichever replica,
+    /// whatever this replica's flag says), the requested TTL for a new one (etcd only ever
+    /// raises it).
+    async fn register(service: &HeartbeatService, register: v1::Register) -> Result<(Self, Duration), Status> {
         let registry = Arc::clone(&service.registry);
         let continued = match register.lease_id {
             0 => None,
-            lease => match registry.keep_alive(lease).await {
-                Ok(_) => Some(lease),
-                Err(RegistryError::LeaseNotFound(_)) => None,
-                Err(error) => return Err(registry_status(error)),
+            lease => match renew(&registry, lease, service.config.heartbeat_interval).await {
+                Ok(ttl) => Some((lease, ttl)),
+                Err(RenewError::Registry(RegistryError::LeaseNotFound(_))) => None,
+                Err(error) => return Err(error.into_status(&register.node_id)),
             },
         };
-        let (lease, node_generation) = match continued {
-            Some(lease) => (lease, register.node_generation),
+        let (lease, lease_ttl, node_generation) = match continued {
+            Some((lease, ttl)) => (lease, ttl, register.node_generation),
             None => {
                 let lease = registry.grant_lease(service.config.node_lease_ttl).await.map_err(registry_status)?;
                 let previous = service.view.node(&register.node_id).map(|record| record.node_generation).unwrap_or(0);
-                (lease, previous.max(register.node_generation) + 1)
+                (lease, service.config.node_lease_ttl, previous.max(register.node_generation) + 1)
             }
         };
         let record = NodeRecord {
@@ -188,7 +207,7 @@ impl NodeSession {
             continued = continued.is_some(),
             "node registered"
         );
-        Ok(session)
+        Ok((session, lease_ttl))
     }
 
     async fn write_record(&mut self) -> crate::registry::Result<()> {
@@ -218,21 +237,23 @@ impl NodeSession {
             };
             metrics::heartbeat_gap(last_report.elapsed());
             last_report = Instant::now();
-            match self.registry.keep_alive(self.lease).await {
-                Ok(_) => {}
-                Err(RegistryError::LeaseNotFound(_)) => {
+            let lease_ttl = match renew(&self.registry, self.lease, self.config.heartbeat_interval).await {
+                Ok(ttl) => ttl,
+                Err(RenewError::Registry(RegistryError::LeaseNotFound(_))) => {
                     tracing::warn!(node_id = %self.record.node_id, "node lease expired; fencing the node");
                     let fence = ControlMsg::Fence(v1::Fence { reason: "node lease expired".into() });
                     let _ = sender.send(Ok(ControlMessage { msg: Some(fence) })).await;
                     return Ok(());
                 }
-                // Not fatal: the next heartbeat tries again, well within the TTL. No ack: the
-                // node measures its lease from acknowledged heartbeats only.
+                // This replica cannot keep the lease alive (etcd unreachable or too slow): end
+                // the stream so the node continues its lease on another replica now, not
+                // after its watchdog gives up (issue 13, finding 2). No ack: the node
+                // measures its lease from acknowledged reports only.
                 Err(error) => {
-                    tracing::warn!(node_id = %self.record.node_id, %error, "node lease keep-alive failed");
-                    continue;
+                    tracing::warn!(node_id = %self.record.node_id, %error, "node lease keep-alive failed; closing the stream");
+                    return Err(error.into_status(&self.record.node_id));
                 }
-            }
+            };
             let mut stale = self.stale_workspaces(&report);
             stale.extend(self.tombstoned_copies(&report).await);
             for destroy in stale {
@@ -251,7 +272,7 @@ impl NodeSession {
             {
                 tracing::warn!(node_id = %self.record.node_id, %error, "writing the node record failed");
             }
-            let ack = ControlMsg::Ack(v1::HeartbeatAck { seq: report.seq });
+            let ack = ControlMsg::Ack(v1::HeartbeatAck { seq: report.seq, lease_ttl_ms: lease_ttl.as_millis() as u64 });
             if sender.send(Ok(ControlMessage { msg: Some(ack) })).await.is_err() {
                 return Ok(());
             }
@@ -356,6 +377,32 @@ fn superseded(record: &WorkspaceRecord, node_id: &str, local_generation: u64) ->
     }
     record.generation > local_generation
         || (record.generation == local_generation && record.node_id.as_deref() != Some(node_id))
+}
+
+/// Why one keep-alive of a node's lease failed.
+#[derive(Debug, thiserror::Error)]
+enum RenewError {
+    #[error(transparent)]
+    Registry(RegistryError),
+    #[error("no keep-alive answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl RenewError {
+    fn into_status(self, node_id: &str) -> Status {
+        ControlPlaneError::NodeLeaseUnrenewable { node_id: node_id.to_owned(), reason: self.to_string() }.into()
+    }
+}
+
+/// One keep-alive of a node's lease, given at most one heartbeat interval: a replica whose
+/// etcd is black-holed would otherwise hold the node's stream without acks for as long as
+/// its registry client retries. Returns the remaining TTL etcd answered.
+async fn renew(registry: &RegistryRef, lease: LeaseId, within: Duration) -> Result<Duration, RenewError> {
+    match tokio::time::timeout(within, registry.keep_alive(lease)).await {
+        Ok(Ok(ttl)) => Ok(ttl),
+        Ok(Err(error)) => Err(RenewError::Registry(error)),
+        Err(_) => Err(RenewError::Timeout(within)),
+    }
 }
 
 fn registry_status(error: RegistryError) -> Status {

@@ -2,7 +2,9 @@
 //!
 //! The hot path is a view lookup. A node answering "wrong generation", "fenced" or being
 //! unreachable means the view may be stale: the router re-reads the record linearizably,
-//! re-binds if the workspace moved, went LOST or the node lost it, and retries once.
+//! re-binds if the workspace moved, went LOST or the node lost it, and retries once. A call
+//! that runs something is not retried after a transport failure that may have come after
+//! the node received it ([`Replay::OnlyUnsent`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +34,16 @@ impl Target {
     pub fn generation(&self) -> u64 {
         self.record.generation
     }
+}
+
+/// Whether a call may be sent again after its node connection failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Sending it twice is harmless (reads, idempotent writes).
+    Any,
+    /// Sending it twice may run it twice (exec, tool calls): after a transport failure it is
+    /// retried only when the connection was never made, so the request never left.
+    OnlyUnsent,
 }
 
 pub struct Router {
@@ -66,7 +78,7 @@ impl Router {
 
     /// Runs `call` against the workspace's node, retrying once after a linearizable re-read
     /// when the node says the view was stale.
-    pub async fn call<T, F, Fut>(&self, workspace_id: &WorkspaceId, call: F) -> Result<T, Status>
+    pub async fn call<T, F, Fut>(&self, workspace_id: &WorkspaceId, replay: Replay, call: F) -> Result<T, Status>
     where
         F: Fn(Target) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
@@ -74,6 +86,10 @@ impl Router {
         let target = self.target(workspace_id).await?;
         let stale_generation = target.generation();
         match call(target).await {
+            Err(status) if replay == Replay::OnlyUnsent && is_transport_failure(&status) && !never_sent(&status) => {
+                tracing::warn!(ws_id = %workspace_id, error = %status.message(), "node connection broke after the call was sent; not retrying");
+                Err(ControlPlaneError::OutcomeUnknown { reason: status.message().to_owned() }.into())
+            }
             Err(status) if is_stale_route(&status) => {
                 tracing::debug!(ws_id = %workspace_id, code = ?status.code(), "stale route; re-reading the record");
                 let retry = self.retarget(workspace_id, stale_generation, &status).await?;
@@ -91,6 +107,7 @@ impl Router {
         workspace_id: &WorkspaceId,
         message: M,
         timeout: Option<Duration>,
+        replay: Replay,
         call: F,
     ) -> Result<Response<R>, Status>
     where
@@ -98,7 +115,7 @@ impl Router {
         F: Fn(DataPlaneClient, tonic::Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        self.call(workspace_id, |target: Target| {
+        self.call(workspace_id, replay, |target: Target| {
             let request = match timeout {
                 Some(timeout) => node_request(message.clone(), target.generation(), timeout),
                 None => untimed_node_request(message.clone(), target.generation()),
@@ -141,9 +158,27 @@ impl Router {
 /// Answers that mean "the replica's idea of where the workspace lives may be stale".
 fn is_stale_route(status: &Status) -> bool {
     matches!(ErrorKind::of(status), Some(ErrorKind::WrongGeneration | ErrorKind::NodeFenced))
-        || (status.code() == Code::Unavailable
-            && ErrorKind::of(status).is_none()
-            && !berth_proto::meta::is_retryable(status))
+        || is_transport_failure(status)
+}
+
+/// An UNAVAILABLE the node did not answer itself (no typed kind): the connection failed,
+/// before or after the request went out.
+fn is_transport_failure(status: &Status) -> bool {
+    status.code() == Code::Unavailable && ErrorKind::of(status).is_none() && !berth_proto::meta::is_retryable(status)
+}
+
+/// True only when the transport failed while connecting (refused, unreachable, connect
+/// timeout): no byte of the request reached the node. A reset, a closed connection or a
+/// keep-alive timeout of an established connection may come after the node started the call.
+fn never_sent(status: &Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if error.is::<tonic::ConnectError>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Pipes a client stream (its header already read) to a node call on `target`. A stream
@@ -189,4 +224,38 @@ where
     };
     pump.abort();
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_proto::v1;
+    use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+    use tokio::net::TcpListener;
+    use tonic::transport::Endpoint;
+
+    use super::*;
+
+    /// A call to a port nobody listens on fails while connecting: provably never sent, so
+    /// even an exec may be retried.
+    #[tokio::test]
+    async fn a_refused_connection_is_a_call_never_sent() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        drop(listener);
+        let channel = Endpoint::from_shared(format!("http://{address}")).expect("endpoint").connect_lazy();
+        let mut client = WorkspaceServiceClient::new(channel);
+        let request = v1::StatRequest { workspace_id: "ws-1".into(), path: String::new() };
+        let status = client.stat(request).await.expect_err("nobody listens");
+        assert!(is_transport_failure(&status), "{status:?}");
+        assert!(never_sent(&status), "{status:?}");
+    }
+
+    /// An UNAVAILABLE with no transport error behind it (a reset, a keep-alive timeout, or
+    /// a status that crossed a process boundary) may have come after the node started.
+    #[test]
+    fn an_unavailable_without_a_connect_error_may_have_been_sent() {
+        let status = Status::unavailable("http2 error");
+        assert!(is_transport_failure(&status));
+        assert!(!never_sent(&status));
+    }
 }

@@ -2,10 +2,12 @@
 //!
 //! The agent starts at a replica picked from its node id (spreading nodes over replicas),
 //! registers, then reports load and per-workspace last access every interval. When the
-//! stream breaks it moves to the next replica and presents its lease id, which that replica
-//! continues. A watchdog fences the node when no heartbeat was acknowledged for a lease TTL
-//! (measured from the *send* time of the last acknowledged report, which is no later than
-//! the replica's keep-alive, so the node stops serving no later than its lease expires).
+//! stream breaks, or two heartbeat intervals pass without an ack, it moves to the next
+//! replica and presents its lease id, which that replica continues. After a fence it
+//! registers with the next replica too. A watchdog fences the node a margin before the
+//! lease TTL that etcd answered to the last acknowledged keep-alive runs out, counted from
+//! that report's *send* time (no later than the keep-alive), so the node stops serving
+//! before any replica can see its key vanish.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -29,14 +31,40 @@ use crate::fence::Fence;
 use crate::service::local_workspace;
 use crate::state::Workspaces;
 
+/// First and largest pause between two attempts to reach a replica.
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The node moves to another replica when a report is this many heartbeat intervals old
+/// without an ack (less half an interval for the ticker's jitter).
+const MISSED_ACKS: u32 = 2;
+/// How long each step of a registration may take (the replica's answer; not the handling
+/// of the superseded copies it names).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Lease facts shared between the stream and the watchdog.
 #[derive(Debug, Default)]
 struct LeaseState {
     lease_id: i64,
     node_generation: u64,
-    lease_ttl: Duration,
-    /// Send time of the last report the replica acknowledged (or of the registration).
-    renewed_at: Option<Instant>,
+    /// When the watchdog fences: send time of the last acknowledged report (or of the
+    /// registration) + the TTL etcd answered to its keep-alive - [`fence_margin`].
+    fence_at: Option<Instant>,
+}
+
+impl LeaseState {
+    /// A keep-alive of a report (or registration) sent at `sent_at` succeeded and etcd
+    /// answered `ttl`: the lease lives at least until `sent_at + ttl`.
+    fn renewed(&mut self, sent_at: Instant, ttl: Duration) {
+        let fence_at = sent_at + ttl.saturating_sub(fence_margin(ttl));
+        self.fence_at = Some(self.fence_at.map_or(fence_at, |earlier| earlier.max(fence_at)));
+    }
+}
+
+/// How long before its lease can expire the node stops serving: covers the watchdog's
+/// 100 ms tick, clock rate differences between node and etcd leader, and a node slowed by
+/// load, so no replica sees the key vanish (and re-places its workspaces) while it serves.
+fn fence_margin(ttl: Duration) -> Duration {
+    (ttl / 5).clamp(Duration::from_millis(300), Duration::from_secs(2))
 }
 
 pub struct Heartbeater {
@@ -66,29 +94,42 @@ impl Heartbeater {
         tokio::spawn(watchdog(Arc::clone(&self.lease), Arc::clone(&self.fence), cancel.clone()));
         let endpoints = &self.config.control_planes;
         let mut index = spread(&self.config.node_id, endpoints.len());
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = MIN_BACKOFF;
         loop {
             let endpoint = &endpoints[index];
-            match self.session(endpoint, &cancel).await {
+            let mut acknowledged = false;
+            let end = self.session(endpoint, &cancel, &mut acknowledged).await;
+            // A session that renewed the lease was good: the next failure starts afresh.
+            if acknowledged {
+                backoff = MIN_BACKOFF;
+            }
+            // Whatever ended the session, the next attempt goes to the next replica: the one
+            // that just failed or fenced us is the least likely to serve us now.
+            index = (index + 1) % endpoints.len();
+            match end {
                 Ok(SessionEnd::Shutdown) => return,
-                Ok(SessionEnd::Fenced) => {
-                    backoff = Duration::from_millis(100);
-                    continue;
-                }
+                // Register again at once.
+                Ok(SessionEnd::Fenced) => continue,
                 Err(error) => {
                     tracing::warn!(node_id = %self.config.node_id, endpoint = %endpoint, %error, "heartbeat stream failed; trying the next replica");
-                    index = (index + 1) % endpoints.len();
                 }
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
-    async fn session(&self, endpoint: &str, cancel: &CancellationToken) -> Result<SessionEnd, String> {
+    /// One stream to one replica: registration, then reports until it ends. Sets
+    /// `acknowledged` once the replica acknowledged a report.
+    async fn session(
+        &self,
+        endpoint: &str,
+        cancel: &CancellationToken,
+        acknowledged: &mut bool,
+    ) -> Result<SessionEnd, String> {
         let mut target = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|error| format!("bad control-plane URL {endpoint:?}: {error}"))?
             .connect_timeout(Duration::from_secs(2))
@@ -119,28 +160,42 @@ impl Heartbeater {
             lease_id,
             node_generation,
             capacity_workspaces: self.config.capacity_workspaces,
+            workspaces: self.workspaces.all().iter().map(|entry| local_workspace(entry)).collect(),
         };
         let register_sent = Instant::now();
         outbound
             .send(NodeMessage { msg: Some(NodeMsg::Register(register)) })
             .await
             .map_err(|_| "stream closed before register".to_owned())?;
-        let mut inbound = client
-            .heartbeat(ReceiverStream::new(receiver))
+        let opened = tokio::time::timeout(REGISTER_TIMEOUT, client.heartbeat(ReceiverStream::new(receiver)))
             .await
-            .map_err(|status| format!("register refused: {}", status.message()))?
-            .into_inner();
-        let registered = match inbound.message().await.map_err(|status| status.message().to_owned())? {
-            Some(v1::ControlMessage { msg: Some(ControlMsg::Registered(registered)) }) => registered,
-            other => return Err(format!("expected a registration answer, got {other:?}")),
+            .map_err(|_| format!("no answer to the registration within {REGISTER_TIMEOUT:?}"))?;
+        let mut inbound = opened.map_err(|status| format!("register refused: {}", status.message()))?.into_inner();
+        // The replica names the copies superseded while we were away before it answers
+        // `Registered`; they go before the fence lifts, so this node never serves a copy
+        // another node now holds (issue 13, finding 6).
+        let registered = loop {
+            let message = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
+                .await
+                .map_err(|_| format!("no registration answer within {REGISTER_TIMEOUT:?}"))?
+                .map_err(|status| status.message().to_owned())?;
+            match message.and_then(|message| message.msg) {
+                Some(ControlMsg::Registered(registered)) => break registered,
+                Some(ControlMsg::Command(command)) => {
+                    if let Some(stale) = destroy_stale_of(command) {
+                        destroy_stale(Arc::clone(&self.workspaces), stale).await;
+                    }
+                }
+                other => return Err(format!("expected a registration answer, got {other:?}")),
+            }
         };
         let interval = Duration::from_millis(registered.heartbeat_interval_ms.max(100));
+        let registered_ttl = Duration::from_millis(registered.lease_ttl_ms);
         {
             let mut lease = self.lease();
             lease.lease_id = registered.lease_id;
             lease.node_generation = registered.node_generation;
-            lease.lease_ttl = Duration::from_millis(registered.lease_ttl_ms);
-            lease.renewed_at = Some(register_sent);
+            lease.renewed(register_sent, registered_ttl);
         }
         if self.fence.lift() {
             tracing::info!(node_id = %self.config.node_id, node_generation = registered.node_generation, "registered again; serving");
@@ -162,6 +217,12 @@ impl Heartbeater {
                         tracing::info!(node_id = %self.config.node_id, "fenced by the watchdog; registering again");
                         return Ok(SessionEnd::Fenced);
                     }
+                    // The replica neither acks nor closes the stream (stalled, or cut off):
+                    // move on while the lease still has time, long before the watchdog.
+                    let oldest_unacked = sent.values().min().map(|sent_at| sent_at.elapsed());
+                    if oldest_unacked.is_some_and(|age| age >= interval * MISSED_ACKS - interval / 2) {
+                        return Err(format!("no heartbeat acknowledged for {MISSED_ACKS} intervals"));
+                    }
                     seq += 1;
                     sent.insert(seq, Instant::now());
                     // Reports older than a few intervals will never be acknowledged.
@@ -176,14 +237,25 @@ impl Heartbeater {
                     match message.and_then(|message| message.msg) {
                         Some(ControlMsg::Ack(ack)) => {
                             if let Some(sent_at) = sent.remove(&ack.seq) {
-                                self.lease().renewed_at = Some(sent_at);
+                                // The TTL etcd answered to this report's keep-alive (a replica
+                                // that does not send it: the registration's).
+                                let ttl = match ack.lease_ttl_ms {
+                                    0 => registered_ttl,
+                                    ms => Duration::from_millis(ms),
+                                };
+                                self.lease().renewed(sent_at, ttl);
+                                *acknowledged = true;
                             }
                         }
                         Some(ControlMsg::Fence(fence)) => {
                             self.fence_now(&fence.reason);
                             return Ok(SessionEnd::Fenced);
                         }
-                        Some(ControlMsg::Command(command)) => self.command(command),
+                        Some(ControlMsg::Command(command)) => {
+                            if let Some(stale) = destroy_stale_of(command) {
+                                tokio::spawn(destroy_stale(Arc::clone(&self.workspaces), stale));
+                            }
+                        }
                         Some(ControlMsg::Registered(_)) => {}
                         None => return Err("replica closed the stream".into()),
                     }
@@ -198,22 +270,7 @@ impl Heartbeater {
         }
         let mut lease = self.lease();
         lease.lease_id = 0;
-        lease.renewed_at = None;
-    }
-
-    fn command(&self, command: v1::NodeCommand) {
-        let Some(v1::node_command::Cmd::DestroyStale(stale)) = command.cmd else { return };
-        let Ok(id) = WorkspaceId::new(stale.workspace_id) else { return };
-        let workspaces = Arc::clone(&self.workspaces);
-        tokio::spawn(async move {
-            match workspaces.destroy_stale(&id, stale.generation).await {
-                Ok(true) => {
-                    tracing::info!(ws_id = %id, generation = stale.generation, "moved a copy superseded by a newer placement to the quarantine")
-                }
-                Ok(false) => {}
-                Err(error) => tracing::warn!(ws_id = %id, %error, "removing a superseded copy failed"),
-            }
-        });
+        lease.fence_at = None;
     }
 
     fn report(&self, seq: u64) -> v1::HeartbeatReport {
@@ -234,8 +291,27 @@ impl Heartbeater {
     }
 }
 
-/// Fences the node when no heartbeat was acknowledged for a lease TTL. The lease id is
-/// kept: the lease may well be alive (etcd extends leases across a leader change), and the
+fn destroy_stale_of(command: v1::NodeCommand) -> Option<v1::DestroyStale> {
+    // More commands may come: the match stays explicit rather than a `map`.
+    let Some(v1::node_command::Cmd::DestroyStale(stale)) = command.cmd else { return None };
+    Some(stale)
+}
+
+/// Moves a copy a newer placement superseded to the quarantine, if it is still at or below
+/// that generation.
+async fn destroy_stale(workspaces: Arc<Workspaces>, stale: v1::DestroyStale) {
+    let Ok(id) = WorkspaceId::new(stale.workspace_id) else { return };
+    match workspaces.destroy_stale(&id, stale.generation).await {
+        Ok(true) => {
+            tracing::info!(ws_id = %id, generation = stale.generation, "moved a copy superseded by a newer placement to the quarantine")
+        }
+        Ok(false) => {}
+        Err(error) => tracing::warn!(ws_id = %id, %error, "removing a superseded copy failed"),
+    }
+}
+
+/// Fences the node a margin before its lease can expire (see [`LeaseState::fence_at`]). The
+/// lease id is kept: the lease may well be alive (etcd extends leases across a leader change), and the
 /// next registration presents it, so the replica continues it if it still exists — then no
 /// replica can have seen the node leave — or grants a new one with a new generation.
 async fn watchdog(lease: Arc<Mutex<LeaseState>>, fence: Arc<Fence>, cancel: CancellationToken) {
@@ -245,12 +321,14 @@ async fn watchdog(lease: Arc<Mutex<LeaseState>>, fence: Arc<Fence>, cancel: Canc
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
         let mut state = lease.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let expired = state.renewed_at.is_some_and(|renewed| renewed.elapsed() >= state.lease_ttl);
-        if expired {
-            state.renewed_at = None;
+        let expiring = state.fence_at.is_some_and(|fence_at| Instant::now() >= fence_at);
+        if expiring {
+            state.fence_at = None;
             drop(state);
             if fence.fence() {
-                tracing::warn!("no heartbeat acknowledged within the lease ttl: fenced until registered again");
+                tracing::warn!(
+                    "lease about to expire without an acknowledged heartbeat: fenced until registered again"
+                );
             }
         }
     }
@@ -280,4 +358,24 @@ fn mem_available() -> u64 {
         })
         .map(|kib| kib * 1024)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_fences_a_margin_before_the_ttl_etcd_answered() {
+        let sent_at = Instant::now();
+        let mut lease = LeaseState::default();
+        lease.renewed(sent_at, Duration::from_secs(3));
+        assert_eq!(lease.fence_at, Some(sent_at + Duration::from_millis(2400)), "3 s TTL, 600 ms margin");
+        // An ack that arrives late for an older report never moves the deadline back.
+        lease.renewed(sent_at - Duration::from_secs(1), Duration::from_secs(3));
+        assert_eq!(lease.fence_at, Some(sent_at + Duration::from_millis(2400)));
+        // A longer TTL from etcd moves it forward; the margin stays within 0.3-2 s.
+        lease.renewed(sent_at, Duration::from_secs(60));
+        assert_eq!(lease.fence_at, Some(sent_at + Duration::from_secs(58)));
+        assert_eq!(fence_margin(Duration::from_secs(1)), Duration::from_millis(300));
+    }
 }

@@ -170,7 +170,7 @@ async fn a_node_keeps_its_lease_when_its_replica_dies() {
 /// Self-fencing: a node agent SIGSTOPped past its lease TTL loses its lease; its workspace
 /// moves to the other node on the next access. After SIGCONT the node fences itself (serves
 /// nothing on the lapsed lease), registers again with a higher node generation, and removes
-/// its now superseded copy.
+/// its now superseded copy before it serves again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_fences_itself_registers_anew_and_drops_moved_copies() {
     let cluster = Cluster::start(ClusterConfig::on_shared_etcd(3, 2)).await.expect("cluster");
@@ -222,15 +222,15 @@ async fn a_paused_node_fences_itself_registers_anew_and_drops_moved_copies() {
     .await;
     assert!(dropped, "workspace dirs {:?}, expected {expected:?}\n{}", cluster.workspace_dirs(), cluster.logs(30));
 
-    // In the paused node's log after SIGCONT: fenced first, then serving again, then the
-    // superseded copy removed.
+    // In the paused node's log after SIGCONT: fenced first, then the superseded copy
+    // removed, then serving again (the replica names it before the registration answer).
     let log = paused.server.log();
     let resumed = &log[resumed_at..];
     let position = |needle: &str| resumed.find(needle);
     let fenced = position("fenced").unwrap_or_else(|| panic!("no fence after SIGCONT:\n{resumed}"));
     let serving = position("registered again; serving").unwrap_or_else(|| panic!("no re-registration:\n{resumed}"));
     let removed = position("moved a copy superseded").unwrap_or_else(|| panic!("no removal:\n{resumed}"));
-    assert!(fenced < serving && serving < removed, "out of order after SIGCONT:\n{resumed}");
+    assert!(fenced < removed && removed < serving, "out of order after SIGCONT:\n{resumed}");
 
     // The node no longer holds the workspace: asked directly at the old generation, it
     // refuses as not provisioned here.
