@@ -20,7 +20,7 @@ use futures::StreamExt;
 use crate::error::{ControlPlaneError, Result};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
-use crate::records::{self, NodeRecord, SessionRecord, StoredState, WorkspaceRecord};
+use crate::records::{self, NodeRecord, SessionRecord, StoredState, WorkspaceRecord, WorkspaceUse};
 use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, WatchEvent};
 use crate::view::{EffectiveState, ReplicaView};
 
@@ -107,6 +107,15 @@ impl WorkspaceStore {
     pub fn last_access_ms(&self, record: &WorkspaceRecord) -> Option<i64> {
         let node = self.view.node(record.node_id.as_deref().unwrap_or_default())?;
         node.last_access_ms.get(record.id.as_str()).copied()
+    }
+
+    /// The workspace's use as its node last reported it, with the time of that report
+    /// (both on the clock of the replica that received it). `None` when the node has not
+    /// reported this placement yet.
+    pub fn reported_use(&self, record: &WorkspaceRecord) -> Option<(WorkspaceUse, i64)> {
+        let node = self.view.node(record.node_id.as_deref().unwrap_or_default())?;
+        let reported = node.workspace_use.get(record.id.as_str())?;
+        (reported.generation >= record.generation).then(|| (reported.clone(), node.last_heartbeat_ms))
     }
 
     /// Every workspace in the view, in id order.

@@ -98,12 +98,17 @@ impl NodeAgentService for NodeAgentApi {
     }
 }
 
+/// What the node reports of one workspace. Use is reported as an age on the node's own clock
+/// (the replica turns it into its own time at receipt), so clocks are never compared.
 pub fn local_workspace(entry: &Entry) -> v1::LocalWorkspace {
+    let last_access_ms = entry.last_access_ms.load(Ordering::Relaxed);
     v1::LocalWorkspace {
         workspace_id: entry.id.to_string(),
         generation: entry.generation,
         backend: entry.backend_name.clone(),
         running: entry.backend.is_some(),
-        last_access_unix_ms: entry.last_access_ms.load(Ordering::Relaxed),
+        last_access_unix_ms: last_access_ms,
+        idle_for_ms: Some((crate::state::now_ms() - last_access_ms).max(0)),
+        execs_in_flight: entry.execs_in_flight.load(Ordering::Relaxed),
     }
 }
