@@ -90,6 +90,7 @@ pub async fn serve(
     let access = Access::new(Arc::clone(&store), quotas);
     let sessions = Sessions::new(binder, Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config);
     tokio::spawn(Sweeper::new(Arc::clone(&store), nodes, &config).run(tasks.clone()));
+    tokio::spawn(crate::lock_janitor::LockJanitor::new(Arc::clone(&store)).run(tasks.clone()));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<WorkspaceServiceServer<WorkspaceApi>>().await;
