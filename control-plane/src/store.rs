@@ -123,6 +123,19 @@ impl WorkspaceStore {
         (reported.generation >= record.generation).then(|| (reported.clone(), node.last_heartbeat_ms))
     }
 
+    /// Refuses when the registry has not vouched for the view for longer than `bound`.
+    pub fn check_view_current(&self, bound: Duration) -> Result<()> {
+        let (prefix, silent_for) = self.view.staleness();
+        if silent_for <= bound {
+            return Ok(());
+        }
+        Err(ControlPlaneError::ViewStale {
+            prefix: prefix.to_owned(),
+            silent_ms: u64::try_from(silent_for.as_millis()).unwrap_or(u64::MAX),
+            bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
     /// Every workspace in the view, in id order.
     pub fn workspaces(&self) -> Vec<Arc<WorkspaceRecord>> {
         self.view.workspaces.all().into_iter().map(|entry| entry.record).collect()
