@@ -257,13 +257,16 @@ impl NodeSession {
             .workspaces
             .iter()
             .map(|local| {
-                let reported = WorkspaceUse::reported(
-                    local.generation,
-                    local.idle_for_ms,
-                    local.last_access_unix_ms,
-                    local.execs_in_flight,
-                    received_at_ms,
-                );
+                let reported = WorkspaceUse {
+                    mcp_clients_live: local.mcp_clients_live,
+                    ..WorkspaceUse::reported(
+                        local.generation,
+                        local.idle_for_ms,
+                        local.last_access_unix_ms,
+                        local.execs_in_flight,
+                        received_at_ms,
+                    )
+                };
                 (local.workspace_id.clone(), reported)
             })
             .collect();

@@ -156,6 +156,8 @@ pub struct WorkspaceUse {
     pub last_access_ms: i64,
     /// Execs running at the report: the workspace is in use whatever its last access says.
     pub execs_in_flight: u32,
+    /// MCP servers with a live client at the report: in use too.
+    pub mcp_clients_live: u32,
 }
 
 impl WorkspaceUse {
@@ -172,7 +174,13 @@ impl WorkspaceUse {
             Some(idle_for_ms) => received_at_ms - idle_for_ms.max(0),
             None => node_last_access_ms,
         };
-        Self { generation, last_access_ms, execs_in_flight }
+        Self { generation, last_access_ms, execs_in_flight, mcp_clients_live: 0 }
+    }
+
+    /// Whether the node reported the workspace busy (execs or live MCP clients), so it is in
+    /// use whatever its last access says.
+    pub fn in_use(&self) -> bool {
+        self.execs_in_flight > 0 || self.mcp_clients_live > 0
     }
 
     /// How long the workspace had been idle when the report was written (`reported_at_ms`

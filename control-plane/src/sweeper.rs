@@ -3,7 +3,7 @@
 //! TTL and marks them IDLE. Last access comes from the nodes' heartbeats (in the node
 //! records), never from a registry write per request.
 //!
-//! Never idled early: a workspace with execs in flight is in use; idle time is measured on
+//! Never idled early: a workspace with execs in flight or live MCP clients is in use; idle time is measured on
 //! one clock (the node reports an age, the replica that receives it turns it into its own
 //! time, and the sweeper compares it with that record's own report time); a workspace its
 //! node has not reported yet starts counting when this sweeper first sees it.
@@ -103,7 +103,7 @@ impl Sweeper {
                 continue;
             }
             let idle_ms = match self.store.reported_use(&record) {
-                Some((reported, _)) if reported.execs_in_flight > 0 => continue,
+                Some((reported, _)) if reported.in_use() => continue,
                 Some((reported, reported_at_ms)) => reported.idle_at_report_ms(reported_at_ms),
                 None => {
                     let key = (record.id.to_string(), record.generation);
