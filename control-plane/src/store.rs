@@ -256,14 +256,14 @@ impl WorkspaceStore {
     /// deleted with their record, or expired).
     pub async fn orphan_locks(&self) -> Result<Vec<(String, i64)>> {
         let listed = self.registry.range(&self.keys.locks_prefix()).await?;
-        let ours = format!("{}/", self.replica_id);
         let mut own_locks = self.own_locks.lock().unwrap_or_else(PoisonError::into_inner);
         let mut orphans = Vec::new();
         let mut listed_values = std::collections::HashSet::new();
         for lock in &listed.kvs {
             let Ok(value) = std::str::from_utf8(&lock.value) else { continue };
             listed_values.insert(value);
-            if value.starts_with(&ours) && !own_locks.contains_key(value) {
+            let carries_our_id = value.rsplit_once('/').is_some_and(|(replica_id, _)| replica_id == self.replica_id);
+            if carries_our_id && !own_locks.contains_key(value) {
                 orphans.push((lock.key.clone(), lock.create_revision));
             }
         }
