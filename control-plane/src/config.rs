@@ -29,6 +29,9 @@ pub struct ControlPlaneConfig {
     /// Deadline of a whole bind (lock, provision, record write, or the wait for another
     /// replica's bind).
     pub bind_timeout: Duration,
+    /// Longest the view may go without the registry vouching it is current before routing
+    /// refuses with a retryable UNAVAILABLE (docs/design.md §4.1).
+    pub view_max_staleness: Duration,
     /// Deadline of one Provision call to a node.
     pub provision_timeout: Duration,
     /// How long a workspace whose node is gone waits for it (retryable UNAVAILABLE) before
@@ -66,6 +69,12 @@ impl ControlPlaneConfig {
         if self.replica_lease_ttl < Duration::from_secs(2) || self.node_lease_ttl < Duration::from_secs(2) {
             return Err("lease ttls must be at least 2s (etcd's minimum)".into());
         }
+        if self.view_max_staleness < crate::view::PROGRESS_INTERVAL * 2 {
+            return Err(format!(
+                "the view staleness bound must be at least twice the progress interval ({:?})",
+                crate::view::PROGRESS_INTERVAL
+            ));
+        }
         if self.idle_ttl < Duration::from_secs(1) {
             return Err("idle ttl must be at least 1s".into());
         }
@@ -94,6 +103,7 @@ impl ControlPlaneConfig {
             heartbeat_interval: Duration::from_secs(2),
             bind_timeout: Duration::from_secs(60),
             lost_node_grace: Duration::from_secs(60),
+            view_max_staleness: Duration::from_secs(5),
             provision_timeout: Duration::from_secs(45),
             node_call_timeout: Duration::from_secs(30),
             auth: AuthConfig::None,

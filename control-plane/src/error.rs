@@ -144,6 +144,13 @@ pub enum ControlPlaneError {
     #[error("control plane is shutting down")]
     ShuttingDown,
 
+    /// The replica's view has not been confirmed current by the registry for longer than
+    /// the bound (e.g. its etcd member lost the majority): it refuses to route from it.
+    #[error(
+        "this replica's view of {prefix} is stale ({silent_ms} ms without word from the registry, bound {bound_ms} ms); retry, possibly on another replica"
+    )]
+    ViewStale { prefix: String, silent_ms: u64, bound_ms: u64 },
+
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -212,7 +219,7 @@ impl From<ControlPlaneError> for Status {
             E::Auth(AuthError::BadActAs(_)) => Status::invalid_argument(message),
             E::Auth(_) | E::NodeCredentials | E::NoCaller => Status::unauthenticated(message),
             E::Status(status) => status,
-            E::ShuttingDown => mark_retryable(Status::unavailable(message)),
+            E::ShuttingDown | E::ViewStale { .. } => mark_retryable(Status::unavailable(message)),
             E::Internal(_) => Status::internal(message),
         }
     }

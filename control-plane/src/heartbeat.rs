@@ -28,7 +28,8 @@ use crate::error::ControlPlaneError;
 use crate::keys::Keys;
 use crate::metrics;
 use crate::records::{
-    self, NodeLoadRecord, NodeRecord, RECORD_VERSION, StoredState, TombstoneRecord, WorkspaceRecord, now_ms,
+    self, NodeLoadRecord, NodeRecord, RECORD_VERSION, StoredState, TombstoneRecord, WorkspaceRecord, WorkspaceUse,
+    now_ms,
 };
 use crate::registry::{Compare, LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
 use crate::view::ReplicaView;
@@ -185,6 +186,7 @@ impl NodeSession {
             last_heartbeat_ms: now_ms(),
             load: NodeLoadRecord::default(),
             last_access_ms: BTreeMap::new(),
+            workspace_use: BTreeMap::new(),
             draining: service.view.is_draining(&register.node_id),
             agent_version: register.version,
         };
@@ -289,6 +291,24 @@ impl NodeSession {
                 mem_available_bytes: load.mem_available_bytes,
             };
         }
+        let received_at_ms = now_ms();
+        self.record.workspace_use = report
+            .workspaces
+            .iter()
+            .map(|local| {
+                let reported = WorkspaceUse {
+                    mcp_clients_live: local.mcp_clients_live,
+                    ..WorkspaceUse::reported(
+                        local.generation,
+                        local.idle_for_ms,
+                        local.last_access_unix_ms,
+                        local.execs_in_flight,
+                        received_at_ms,
+                    )
+                };
+                (local.workspace_id.clone(), reported)
+            })
+            .collect();
         self.record.last_access_ms =
             report.workspaces.into_iter().map(|local| (local.workspace_id, local.last_access_unix_ms)).collect();
         // The drain itself lives in its own key (`/drains/<node>`, no lease); the flag here

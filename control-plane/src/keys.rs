@@ -19,6 +19,9 @@ impl Keys {
     pub fn workspace(&self, id: &WorkspaceId) -> String {
         format!("{}/workspaces/{}", self.prefix, id)
     }
+    pub fn locks_prefix(&self) -> String {
+        format!("{}/locks/", self.prefix)
+    }
     pub fn lock(&self, id: &WorkspaceId) -> String {
         format!("{}/locks/{}", self.prefix, id)
     }

@@ -12,6 +12,7 @@ pub mod forward;
 pub mod heartbeat;
 pub mod keys;
 pub mod lease;
+pub mod lock_janitor;
 pub mod metrics;
 pub mod node_client;
 pub mod placement;

@@ -151,6 +151,7 @@ mod tests {
             last_heartbeat_ms: 0,
             load: NodeLoadRecord { workspaces, ..NodeLoadRecord::default() },
             last_access_ms: BTreeMap::new(),
+            workspace_use: BTreeMap::new(),
             draining: false,
             agent_version: String::new(),
         }

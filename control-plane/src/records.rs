@@ -141,15 +141,67 @@ pub struct NodeRecord {
     pub last_heartbeat_ms: i64,
     #[serde(default)]
     pub load: NodeLoadRecord,
-    /// Last access per workspace on this node (unix ms), from heartbeats; feeds the sweeper.
+    /// Last access per workspace on this node (unix ms), from heartbeats. Kept for older
+    /// replicas; the sweeper of this version reads `workspace_use`.
     #[serde(default)]
     pub last_access_ms: BTreeMap<String, i64>,
+    /// Use of each workspace on this node as of the last heartbeat; feeds the sweeper. Times
+    /// are on the clock of the replica that received the heartbeat, the same clock as
+    /// `last_heartbeat_ms`, so the sweeper never compares a node's clock with a replica's.
+    #[serde(default)]
+    pub workspace_use: BTreeMap<String, WorkspaceUse>,
     /// A copy of whether `/drains/<node_id>` exists, as of the last rewrite (for readers of
     /// etcd). Placement and the admin API read the drain key through the view instead.
     #[serde(default)]
     pub draining: bool,
     #[serde(default)]
     pub agent_version: String,
+}
+
+/// One workspace's use as its node last reported it (a field of [`NodeRecord`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkspaceUse {
+    /// The placement the node reported on; a report of an older generation says nothing
+    /// about the current placement.
+    pub generation: u64,
+    /// Last use, on the receiving replica's clock: its time of receipt minus the age the
+    /// node measured on its own clock.
+    pub last_access_ms: i64,
+    /// Execs running at the report: the workspace is in use whatever its last access says.
+    pub execs_in_flight: u32,
+    /// MCP servers with a live client at the report: in use too.
+    pub mcp_clients_live: u32,
+}
+
+impl WorkspaceUse {
+    /// The use a node reported, received at `received_at_ms` (this replica's clock). A node
+    /// too old to report an age gives its own wall clock, the best there is.
+    pub fn reported(
+        generation: u64,
+        idle_for_ms: Option<i64>,
+        node_last_access_ms: i64,
+        execs_in_flight: u32,
+        received_at_ms: i64,
+    ) -> Self {
+        let last_access_ms = match idle_for_ms {
+            Some(idle_for_ms) => received_at_ms - idle_for_ms.max(0),
+            None => node_last_access_ms,
+        };
+        Self { generation, last_access_ms, execs_in_flight, mcp_clients_live: 0 }
+    }
+
+    /// Whether the node reported the workspace busy (execs or live MCP clients), so it is in
+    /// use whatever its last access says.
+    pub fn in_use(&self) -> bool {
+        self.execs_in_flight > 0 || self.mcp_clients_live > 0
+    }
+
+    /// How long the workspace had been idle when the report was written (`reported_at_ms`
+    /// is the record's `last_heartbeat_ms`, on the same clock).
+    pub fn idle_at_report_ms(&self, reported_at_ms: i64) -> i64 {
+        (reported_at_ms - self.last_access_ms).max(0)
+    }
 }
 
 /// `/berth/drains/<node_id>`: the node gets no new placements and its workspaces were
@@ -223,5 +275,20 @@ mod tests {
         // An invalid workspace id inside a record is refused at decode time.
         let bad = br#"{"version":1,"session_id":"s","user":"u","agent":"a","workspace_id":"../x","created_at_ms":1}"#;
         assert!(decode::<SessionRecord>("k", bad).is_err());
+    }
+
+    /// The node's clock never meets the replica's: a node an hour behind (or ahead) that
+    /// used a workspace 200 ms ago reports it 200 ms idle, whatever its wall clock says.
+    #[test]
+    fn a_skewed_node_clock_does_not_change_how_long_a_workspace_was_idle() {
+        let received_at_ms = 1_800_000_000_000;
+        for skew_ms in [-3_600_000, 0, 3_600_000] {
+            let node_wall_clock_access = received_at_ms + skew_ms - 200;
+            let reported = WorkspaceUse::reported(3, Some(200), node_wall_clock_access, 0, received_at_ms);
+            assert_eq!(reported.idle_at_report_ms(received_at_ms), 200, "skew {skew_ms} ms");
+        }
+        // A node too old to report an age falls back to its wall clock.
+        let old_node = WorkspaceUse::reported(3, None, received_at_ms - 5_000, 0, received_at_ms);
+        assert_eq!(old_node.idle_at_report_ms(received_at_ms), 5_000);
     }
 }

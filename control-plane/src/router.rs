@@ -50,15 +50,25 @@ pub struct Router {
     binder: Arc<Binder>,
     store: WorkspaceStoreRef,
     nodes: Arc<NodeClients>,
+    /// Longest the view may go unconfirmed before routing refuses.
+    view_max_staleness: Duration,
 }
 
 impl Router {
-    pub fn new(binder: Arc<Binder>, store: WorkspaceStoreRef, nodes: Arc<NodeClients>) -> Self {
-        Self { binder, store, nodes }
+    pub fn new(
+        binder: Arc<Binder>,
+        store: WorkspaceStoreRef,
+        nodes: Arc<NodeClients>,
+        view_max_staleness: Duration,
+    ) -> Self {
+        Self { binder, store, nodes, view_max_staleness }
     }
 
     /// Resolves a workspace to a READY placement, bringing it back if it is IDLE or LOST.
     pub async fn target(&self, workspace_id: &WorkspaceId) -> Result<Target, ControlPlaneError> {
+        // A frozen view would route to wherever the workspace was when the registry last
+        // spoke; refuse (retryable) instead.
+        self.store.check_view_current(self.view_max_staleness)?;
         let record = match self.store.cached_ready(workspace_id) {
             Some(record) => record,
             None => self.binder.ensure_ready(BindRequest::existing(workspace_id.clone())).await?,

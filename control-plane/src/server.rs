@@ -85,11 +85,13 @@ pub async fn serve(
         config.replica_id.clone(),
     ));
     let binder = Arc::new(Binder::new(Arc::clone(&store), Arc::clone(&view), Arc::clone(&nodes), config.clone()));
-    let router = Arc::new(Router::new(Arc::clone(&binder), Arc::clone(&store), Arc::clone(&nodes)));
+    let router =
+        Arc::new(Router::new(Arc::clone(&binder), Arc::clone(&store), Arc::clone(&nodes), config.view_max_staleness));
     let quotas = Arc::new(UserQuotas::new(config.max_workspaces_per_user, config.max_execs_per_user));
     let access = Access::new(Arc::clone(&store), quotas);
     let sessions = Sessions::new(binder, Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config);
     tokio::spawn(Sweeper::new(Arc::clone(&store), Arc::clone(&nodes), &config).run(tasks.clone()));
+    tokio::spawn(crate::lock_janitor::LockJanitor::new(Arc::clone(&store)).run(tasks.clone()));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<WorkspaceServiceServer<WorkspaceApi>>().await;

@@ -10,7 +10,8 @@
 //! Every linearizable record read is folded into the view, so the view never lags what
 //! this replica has already seen.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use berth_workspace::WorkspaceId;
@@ -20,7 +21,7 @@ use futures::StreamExt;
 use crate::error::{ControlPlaneError, Result};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
-use crate::records::{self, NodeRecord, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord};
+use crate::records::{self, NodeRecord, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord, WorkspaceUse};
 use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
 use crate::view::{EffectiveState, ReplicaView};
 
@@ -72,6 +73,10 @@ pub struct WorkspaceStore {
     view: Arc<ReplicaView>,
     lease: Arc<ReplicaLease>,
     replica_id: String,
+    /// Bind locks of binds and state changes in flight on this replica: lock value
+    /// (`<replica_id>/<nonce>`) → its create revision once the create landed. A lock of
+    /// ours that is not here is an orphan, for the lock janitor.
+    own_locks: std::sync::Mutex<HashMap<String, Option<i64>>>,
 }
 
 impl WorkspaceStore {
@@ -82,7 +87,7 @@ impl WorkspaceStore {
         lease: Arc<ReplicaLease>,
         replica_id: impl Into<String>,
     ) -> Self {
-        Self { registry, keys, view, lease, replica_id: replica_id.into() }
+        Self { registry, keys, view, lease, replica_id: replica_id.into(), own_locks: Default::default() }
     }
 
     /// The replica this store writes for (`changed_by` of records, lock and leader values).
@@ -120,6 +125,28 @@ impl WorkspaceStore {
     pub fn last_access_ms(&self, record: &WorkspaceRecord) -> Option<i64> {
         let node = self.view.node(record.node_id.as_deref().unwrap_or_default())?;
         node.last_access_ms.get(record.id.as_str()).copied()
+    }
+
+    /// The workspace's use as its node last reported it, with the time of that report
+    /// (both on the clock of the replica that received it). `None` when the node has not
+    /// reported this placement yet.
+    pub fn reported_use(&self, record: &WorkspaceRecord) -> Option<(WorkspaceUse, i64)> {
+        let node = self.view.node(record.node_id.as_deref().unwrap_or_default())?;
+        let reported = node.workspace_use.get(record.id.as_str())?;
+        (reported.generation >= record.generation).then(|| (reported.clone(), node.last_heartbeat_ms))
+    }
+
+    /// Refuses when the registry has not vouched for the view for longer than `bound`.
+    pub fn check_view_current(&self, bound: Duration) -> Result<()> {
+        let (prefix, silent_for) = self.view.staleness();
+        if silent_for <= bound {
+            return Ok(());
+        }
+        Err(ControlPlaneError::ViewStale {
+            prefix: prefix.to_owned(),
+            silent_ms: u64::try_from(silent_for.as_millis()).unwrap_or(u64::MAX),
+            bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+        })
     }
 
     /// Every workspace in the view, in id order.
@@ -223,7 +250,14 @@ impl WorkspaceStore {
         let lock_key = self.keys.lock(workspace_id);
         let holder = format!("{}/{:016x}", self.replica_id, rand::random::<u64>());
         let held = |lock: registry::KeyValue| Lock::Held(HeldLock { mod_revision: lock.mod_revision });
-        match self.registry.create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id()).await {
+        // Tracked before the create is sent, so the janitor never takes a lock of a bind
+        // that is still deciding for one of its own.
+        self.track_own_lock(&holder, None);
+        let outcome = match self
+            .registry
+            .create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id())
+            .await
+        {
             Ok(Ok(create_revision)) => Ok(Lock::Ours(LockFence(create_revision))),
             Ok(Err(lock)) => Ok(held(lock)),
             Err(error) if error.is_retryable() => match self.registry.get(&lock_key).await {
@@ -233,12 +267,61 @@ impl WorkspaceStore {
                 // Still unknown whether the create landed: if it did, the lock is ours and
                 // nobody else will ever delete it.
                 Err(read_error) => {
-                    keep_releasing(Arc::clone(&self.registry), lock_key, OwnLock::Value(Bytes::from(holder)));
+                    keep_releasing(Arc::clone(&self.registry), lock_key, OwnLock::Value(Bytes::from(holder.clone())));
                     Err(read_error.into())
                 }
             },
             Err(error) => Err(error.into()),
+        };
+        match &outcome {
+            Ok(Lock::Ours(fence)) => self.track_own_lock(&holder, Some(fence.0)),
+            // Not ours, or unknown: if the create landed after all, the lock is an orphan
+            // the janitor deletes (finding 5 of issue 13).
+            _ => self.forget_own_lock(&holder),
         }
+        outcome
+    }
+
+    fn track_own_lock(&self, holder: &str, create_revision: Option<i64>) {
+        self.own_locks.lock().unwrap_or_else(PoisonError::into_inner).insert(holder.to_owned(), create_revision);
+    }
+
+    fn forget_own_lock(&self, holder: &str) {
+        self.own_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(holder);
+    }
+
+    /// Bind locks carrying this replica's id that no bind or state change in flight here
+    /// owns (key, create revision): left behind by an ambiguous create, or by an earlier
+    /// process with this replica id. Also forgets own locks that are gone (released,
+    /// deleted with their record, or expired).
+    pub async fn orphan_locks(&self) -> Result<Vec<(String, i64)>> {
+        let listed = self.registry.range(&self.keys.locks_prefix()).await?;
+        let mut own_locks = self.own_locks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut orphans = Vec::new();
+        let mut listed_values = std::collections::HashSet::new();
+        for lock in &listed.kvs {
+            let Ok(value) = std::str::from_utf8(&lock.value) else { continue };
+            listed_values.insert(value);
+            let carries_our_id = value.rsplit_once('/').is_some_and(|(replica_id, _)| replica_id == self.replica_id);
+            if carries_our_id && !own_locks.contains_key(value) {
+                orphans.push((lock.key.clone(), lock.create_revision));
+            }
+        }
+        // A lock that landed at or before the listing's revision and is not listed is gone
+        // for good (a key never comes back with the same create revision).
+        own_locks.retain(|holder, landed| match landed {
+            Some(create_revision) => *create_revision > listed.revision || listed_values.contains(holder.as_str()),
+            None => true,
+        });
+        Ok(orphans)
+    }
+
+    /// Deletes a lock only if it is still the one created at `create_revision`; `true` when
+    /// it deleted it.
+    pub async fn delete_lock_created_at(&self, lock_key: &str, create_revision: i64) -> Result<bool> {
+        let txn =
+            Txn::new().when([Compare::create_revision(lock_key, create_revision)]).and_then([TxnOp::delete(lock_key)]);
+        Ok(self.registry.txn(txn).await?.succeeded)
     }
 
     /// Takes the bind lock for a state change other than a bind (sweeper, close, share).

@@ -2,10 +2,18 @@
 //! `/leader/sweeper`, a key on its lease — releases the runtime of workspaces idle past the
 //! TTL and marks them IDLE. Last access comes from the nodes' heartbeats (in the node
 //! records), never from a registry write per request.
+//!
+//! Never idled early: a workspace with execs in flight or live MCP clients is in use; idle time is measured on
+//! one clock (the node reports an age, the replica that receives it turns it into its own
+//! time, and the sweeper compares it with that record's own report time); a workspace its
+//! node has not reported yet starts counting when this sweeper first sees it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use berth_proto::v1;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +40,9 @@ pub struct Sweeper {
     idle_ttl: Duration,
     sweep_interval: Duration,
     node_call_timeout: Duration,
+    /// READY workspaces (id, generation) no heartbeat reported yet, and when this sweeper
+    /// first saw each: they are idle for as long as they have been seen, not since 1970.
+    unreported_since: HashMap<(String, u64), Instant>,
     pub stats: Arc<SweeperStats>,
 }
 
@@ -43,11 +54,12 @@ impl Sweeper {
             idle_ttl: config.idle_ttl,
             sweep_interval: config.sweep_interval(),
             node_call_timeout: config.node_call_timeout,
+            unreported_since: HashMap::new(),
             stats: Arc::new(SweeperStats::default()),
         }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    pub async fn run(mut self, cancel: CancellationToken) {
         let interval = self.sweep_interval;
         loop {
             tokio::select! {
@@ -60,7 +72,12 @@ impl Sweeper {
                     self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
                     self.sweep().await;
                 }
-                Ok(false) => self.stats.leader.store(0, Ordering::Relaxed),
+                Ok(false) => {
+                    self.stats.leader.store(0, Ordering::Relaxed);
+                    // Another replica counts now; our first sightings would be stale when
+                    // we lead again.
+                    self.unreported_since.clear();
+                }
                 Err(error) => tracing::warn!(%error, "sweeper election failed"),
             }
         }
@@ -78,18 +95,24 @@ impl Sweeper {
         }
     }
 
-    async fn sweep(&self) {
-        let store = &self.store;
+    async fn sweep(&mut self) {
         let idle_ttl_ms = self.idle_ttl.as_millis() as i64;
-        let now = now_ms();
-        for record in store.workspaces() {
-            if store.effective_state(&record) != EffectiveState::Ready {
+        let mut still_unreported = HashMap::new();
+        for record in self.store.workspaces() {
+            if self.store.effective_state(&record) != EffectiveState::Ready {
                 continue;
             }
-            let node_id = record.node_id.clone().unwrap_or_default();
-            let reported = store.last_access_ms(&record);
-            let last_access = reported.unwrap_or(0).max(record.updated_at_ms);
-            if now - last_access < idle_ttl_ms {
+            let idle_ms = match self.store.reported_use(&record) {
+                Some((reported, _)) if reported.in_use() => continue,
+                Some((reported, reported_at_ms)) => reported.idle_at_report_ms(reported_at_ms),
+                None => {
+                    let key = (record.id.to_string(), record.generation);
+                    let first_seen = self.unreported_since.get(&key).copied().unwrap_or_else(Instant::now);
+                    still_unreported.insert(key, first_seen);
+                    first_seen.elapsed().as_millis() as i64
+                }
+            };
+            if idle_ms < idle_ttl_ms {
                 continue;
             }
             match self.idle(&record).await {
@@ -97,9 +120,9 @@ impl Sweeper {
                     self.stats.idled.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         ws_id = %record.id,
-                        node_id = %node_id,
-                        replica_id = %store.replica_id(),
-                        idle_ms = now - last_access,
+                        node_id = %record.node_id.as_deref().unwrap_or_default(),
+                        replica_id = %self.store.replica_id(),
+                        idle_ms,
                         "workspace idle; runtime released"
                     );
                 }
@@ -107,6 +130,8 @@ impl Sweeper {
                 Err(error) => tracing::warn!(ws_id = %record.id, %error, "releasing an idle workspace failed"),
             }
         }
+        // Forget workspaces that were reported, changed or went away meanwhile.
+        self.unreported_since = still_unreported;
     }
 
     /// Releases one workspace under its bind lock; `false` when it changed meanwhile or

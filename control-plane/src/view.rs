@@ -8,10 +8,18 @@
 //! higher mod revision, so replays and pages never move an entry backwards. On compaction
 //! or a broken watch the mirror lists again. Entries are kept sorted by id, so listing
 //! pages is a range scan.
+//!
+//! Freshness: a mirror is current as of its last listing, event or progress notification
+//! (asked for every [`PROGRESS_INTERVAL`]). A registry that cannot vouch for being current
+//! (an etcd member without a leader) ends the watch, and the listing fails too, so the
+//! mirror goes silent; routing refuses once the view is silent for longer than the bound
+//! (`ControlPlaneConfig::view_max_staleness`) instead of routing from a frozen view.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
@@ -24,6 +32,9 @@ use crate::registry::{KeyValue, RegistryRef, WatchEvent};
 
 /// Keys listed per registry call while (re)listing.
 const LIST_PAGE: usize = 1000;
+
+/// How often a quiet watch asks the registry to confirm it is current.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A record as last seen, with the revision that wrote it.
 #[derive(Debug)]
@@ -44,11 +55,28 @@ pub struct Mirror<T> {
     entries: RwLock<BTreeMap<String, Entry<T>>>,
     /// Bumped after every applied batch; waiters `changed().await` on it.
     version: watch::Sender<u64>,
+    /// When the registry last vouched that this mirror was current (listing, event or
+    /// progress notification).
+    current_at: Mutex<Instant>,
 }
 
 impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
     fn new(prefix: String) -> Self {
-        Self { prefix, entries: RwLock::new(BTreeMap::new()), version: watch::channel(0).0 }
+        Self {
+            prefix,
+            entries: RwLock::new(BTreeMap::new()),
+            version: watch::channel(0).0,
+            current_at: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// How long since the registry last vouched that this mirror was current.
+    pub fn silent_for(&self) -> Duration {
+        self.current_at.lock().unwrap_or_else(PoisonError::into_inner).elapsed()
+    }
+
+    fn heard(&self) {
+        *self.current_at.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
 
     pub fn get(&self, id: &str) -> Option<Entry<T>> {
@@ -157,6 +185,7 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
             }
         }
         *self.write() = fresh;
+        self.heard();
         self.bump();
         Ok(first_revision.unwrap_or(0))
     }
@@ -198,9 +227,15 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Mirror<T> {
     }
 
     async fn watch_until_broken(&self, registry: &RegistryRef, start_revision: i64) -> crate::registry::Result<()> {
-        let mut stream = registry.watch_prefix(&self.prefix, start_revision).await?;
+        let mut stream = registry.watch_prefix_with_progress(&self.prefix, start_revision, PROGRESS_INTERVAL).await?;
         while let Some(batch) = stream.next().await {
-            for event in batch? {
+            let batch = batch?;
+            self.heard();
+            if batch.is_empty() {
+                // A progress notification: nothing changed, and the mirror is current.
+                continue;
+            }
+            for event in batch {
                 match &event {
                     WatchEvent::Put(kv) => self.apply_put(kv),
                     WatchEvent::Delete { key, mod_revision } => self.apply_delete(key, *mod_revision),
@@ -247,6 +282,19 @@ impl ReplicaView {
         tokio::spawn(Arc::clone(&nodes).run(Arc::clone(&registry), nodes_from, cancel.clone()));
         tokio::spawn(Arc::clone(&drains).run(registry, drains_from, cancel));
         Ok(Arc::new(Self { workspaces, nodes, drains }))
+    }
+
+    /// The mirror the registry has vouched for least recently, and for how long it has
+    /// been silent. Routing refuses while this exceeds its bound.
+    pub fn staleness(&self) -> (&str, Duration) {
+        [
+            (self.workspaces.prefix.as_str(), self.workspaces.silent_for()),
+            (self.nodes.prefix.as_str(), self.nodes.silent_for()),
+            (self.drains.prefix.as_str(), self.drains.silent_for()),
+        ]
+        .into_iter()
+        .max_by_key(|(_, silent_for)| *silent_for)
+        .unwrap_or(("", Duration::ZERO))
     }
 
     pub fn workspace(&self, id: &str) -> Option<Entry<WorkspaceRecord>> {

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_features::mcp::McpPool;
 use berth_proto::auth::BearerInterceptor;
 use berth_proto::v1::control_message::Msg as ControlMsg;
 use berth_proto::v1::node_message::Msg as NodeMsg;
@@ -73,6 +74,8 @@ pub struct Heartbeater {
     workspaces: Arc<Workspaces>,
     fence: Arc<Fence>,
     lease: Arc<Mutex<LeaseState>>,
+    /// Live MCP clients per workspace are reported: the sweeper must not idle those.
+    mcp_pool: Option<McpPool>,
 }
 
 enum SessionEnd {
@@ -83,7 +86,13 @@ enum SessionEnd {
 
 impl Heartbeater {
     pub fn new(config: NodeAgentConfig, address: String, workspaces: Arc<Workspaces>, fence: Arc<Fence>) -> Self {
-        Self { config, address, workspaces, fence, lease: Arc::new(Mutex::new(LeaseState::default())) }
+        Self { config, address, workspaces, fence, lease: Arc::new(Mutex::new(LeaseState::default())), mcp_pool: None }
+    }
+
+    /// Reports each workspace's live MCP clients from `pool`.
+    pub fn with_mcp_pool(mut self, pool: McpPool) -> Self {
+        self.mcp_pool = Some(pool);
+        self
     }
 
     fn lease(&self) -> std::sync::MutexGuard<'_, LeaseState> {
@@ -160,7 +169,7 @@ impl Heartbeater {
             lease_id,
             node_generation,
             capacity_workspaces: self.config.capacity_workspaces,
-            workspaces: self.workspaces.all().iter().map(|entry| local_workspace(entry)).collect(),
+            workspaces: self.workspaces.all().iter().map(|entry| local_workspace(entry, 0)).collect(),
         };
         let register_sent = Instant::now();
         outbound
@@ -286,7 +295,13 @@ impl Heartbeater {
         v1::HeartbeatReport {
             seq,
             load: Some(load),
-            workspaces: entries.iter().map(|entry| local_workspace(entry)).collect(),
+            workspaces: entries
+                .iter()
+                .map(|entry| {
+                    let mcp_live = self.mcp_pool.as_ref().map_or(0, |pool| pool.live_servers(&entry.id).len());
+                    local_workspace(entry, u32::try_from(mcp_live).unwrap_or(u32::MAX))
+                })
+                .collect(),
         }
     }
 }

@@ -70,7 +70,8 @@ pub async fn serve(
     fence.fence();
     let tasks = CancellationToken::new();
     let heartbeater =
-        Heartbeater::new(config.clone(), config.advertise_address.clone(), Arc::clone(&workspaces), Arc::clone(&fence));
+        Heartbeater::new(config.clone(), config.advertise_address.clone(), Arc::clone(&workspaces), Arc::clone(&fence))
+            .with_mcp_pool(contract.mcp().pool().clone());
     let heartbeat_task = tokio::spawn(heartbeater.run(tasks.clone()));
     tokio::spawn(purge_quarantine(Arc::clone(&workspaces), config.quarantine_retention, tasks.clone()));
 

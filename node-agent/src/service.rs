@@ -110,7 +110,8 @@ impl NodeAgentService for NodeAgentApi {
         _request: Request<v1::ListLocalRequest>,
     ) -> Result<Response<v1::ListLocalResponse>, Status> {
         let mut workspaces: Vec<v1::LocalWorkspace> =
-            self.workspaces().all().iter().map(|entry| local_workspace(entry)).collect();
+            // ListLocal does not feed the sweeper; the MCP pool is the heartbeat's to report.
+            self.workspaces().all().iter().map(|entry| local_workspace(entry, 0)).collect();
         workspaces.sort_by(|left, right| left.workspace_id.cmp(&right.workspace_id));
         Ok(Response::new(v1::ListLocalResponse { workspaces }))
     }
@@ -137,12 +138,19 @@ fn quarantine_entry(entry: &QuarantineEntry) -> v1::QuarantineEntry {
     }
 }
 
-pub fn local_workspace(entry: &Entry) -> v1::LocalWorkspace {
+/// What the node reports of one workspace. Use is reported as an age on the node's own clock
+/// (the replica turns it into its own time at receipt), so clocks are never compared.
+/// `mcp_clients_live`: the workspace's MCP servers with a live client.
+pub fn local_workspace(entry: &Entry, mcp_clients_live: u32) -> v1::LocalWorkspace {
+    let last_access_ms = entry.last_access_ms.load(Ordering::Relaxed);
     v1::LocalWorkspace {
         workspace_id: entry.id.to_string(),
         generation: entry.generation,
         backend: entry.backend_name.clone(),
         running: entry.backend.is_some(),
-        last_access_unix_ms: entry.last_access_ms.load(Ordering::Relaxed),
+        last_access_unix_ms: last_access_ms,
+        idle_for_ms: Some((crate::state::now_ms() - last_access_ms).max(0)),
+        execs_in_flight: entry.execs_in_flight.load(Ordering::Relaxed),
+        mcp_clients_live,
     }
 }

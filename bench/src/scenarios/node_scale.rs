@@ -374,6 +374,9 @@ impl SimNode {
                     backend: "local".into(),
                     running: true,
                     last_access_unix_ms: now_ms,
+                    idle_for_ms: Some(0),
+                    execs_in_flight: 0,
+                    mcp_clients_live: 0,
                 })
                 .collect(),
         }

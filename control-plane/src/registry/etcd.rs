@@ -84,7 +84,11 @@ impl EtcdRegistry {
         let options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             // HTTP/2 pings find a dead peer under an otherwise idle watch stream.
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // `hasleader: true` on every call: a member cut off from the majority refuses
+            // calls and, after a few election timeouts, ends its watches, instead of
+            // answering from its frozen state (issue 13, finding 6).
+            .with_require_leader(true);
         let client = tokio::time::timeout(config.connect_timeout, Client::connect(&config.endpoints, Some(options)))
             .await
             .map_err(|_| RegistryError::Timeout {
@@ -247,6 +251,24 @@ impl Registry for EtcdRegistry {
     }
 
     async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<WatchStream> {
+        self.open_watch(prefix, start_revision, None).await
+    }
+
+    /// etcd's own progress: the watch asks for progress notifications, and requests one
+    /// every `progress_interval`; with require-leader, a member without a leader cancels
+    /// the watch rather than vouch for a frozen state.
+    async fn watch_prefix_with_progress(
+        &self,
+        prefix: &str,
+        start_revision: i64,
+        progress_interval: Duration,
+    ) -> Result<WatchStream> {
+        self.open_watch(prefix, start_revision, Some(progress_interval)).await
+    }
+}
+
+impl EtcdRegistry {
+    async fn open_watch(&self, prefix: &str, start_revision: i64, progress: Option<Duration>) -> Result<WatchStream> {
         let state = with_retries(
             self.policy,
             "watch",
@@ -255,7 +277,10 @@ impl Registry for EtcdRegistry {
             || {
                 let mut watches = self.client.watch_client();
                 async move {
-                    let options = WatchOptions::new().with_prefix().with_start_revision(start_revision.max(0));
+                    let mut options = WatchOptions::new().with_prefix().with_start_revision(start_revision.max(0));
+                    if progress.is_some() {
+                        options = options.with_progress_notify();
+                    }
                     let mut stream = watches.watch(prefix, Some(options)).await?;
                     // Wait for "created": only then is a watch "from now" registered, so every
                     // write that starts after this call returns is seen.
@@ -263,7 +288,7 @@ impl Registry for EtcdRegistry {
                         .message()
                         .await?
                         .ok_or_else(|| AttemptError::Transient("etcd closed the watch before creating it".into()))?;
-                    let mut state = watch::WatchState::new(stream, start_revision);
+                    let mut state = watch::WatchState::new(stream, start_revision, progress);
                     state.absorb(&created);
                     Ok(state)
                 }

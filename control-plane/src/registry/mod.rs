@@ -204,7 +204,9 @@ impl WatchEvent {
     }
 }
 
-/// Events of one revision, in order. A `Compacted` error ends the stream: re-list.
+/// Events of one revision, in order. A `Compacted` error ends the stream: re-list. Only a
+/// watch opened with [`Registry::watch_prefix_with_progress`] yields empty batches
+/// (progress notifications).
 pub type WatchStream = BoxStream<'static, Result<Vec<WatchEvent>>>;
 
 /// A consistent snapshot of a prefix.
@@ -254,6 +256,35 @@ pub trait Registry: Send + Sync {
     async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<WatchStream>;
 
     // ---- provided ------------------------------------------------------------------------
+
+    /// Like [`Registry::watch_prefix`], and also yields an empty batch — a progress
+    /// notification: every change up to about now has been delivered — at least every
+    /// `progress_interval` while the watch is current. A watch that cannot vouch for being
+    /// current (etcd: its member lost the leader) ends instead, so a reader that hears
+    /// nothing for a while knows its view may be stale (docs/design.md §4.1).
+    ///
+    /// The provided version suits a registry in this process, whose watch cannot silently
+    /// fall behind: it ticks beside the watch and ends with it. A networked registry must
+    /// override it with the store's own progress notifications.
+    async fn watch_prefix_with_progress(
+        &self,
+        prefix: &str,
+        start_revision: i64,
+        progress_interval: Duration,
+    ) -> Result<WatchStream> {
+        use futures::StreamExt;
+        let watch = self.watch_prefix(prefix, start_revision).await?;
+        let ticker = tokio::time::interval(progress_interval);
+        Ok(futures::stream::unfold((watch, ticker), |(mut watch, mut ticker)| async move {
+            let item = tokio::select! {
+                biased;
+                item = watch.next() => item?,
+                _ = ticker.tick() => Ok(Vec::new()),
+            };
+            Some((item, (watch, ticker)))
+        })
+        .boxed())
+    }
 
     /// All keys starting with `prefix`, in one consistent snapshot.
     async fn range(&self, prefix: &str) -> Result<RangeResponse> {

@@ -4,16 +4,25 @@
 //! responses into one item per revision so both implementations yield exactly "the events of
 //! one transaction" per item. The stream never ends silently: compaction yields `Compacted`,
 //! a broken or closed stream yields `Unavailable`, and then it ends; the caller re-lists.
+//!
+//! With progress on, the watch requests a progress notification every interval and yields
+//! each one as an empty batch.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
+use etcd_client::{WatchRequestSender, WatchResponseStream};
 use futures::StreamExt;
+use tokio::time::Instant;
 
 use super::convert;
 use crate::registry::{RegistryError, Result, WatchEvent, WatchStream};
 
 pub(super) struct WatchState {
-    stream: etcd_client::WatchStream,
+    requests: WatchRequestSender,
+    responses: WatchResponseStream,
+    /// How often to ask for progress, and when next; `None` for a plain watch.
+    progress: Option<(Duration, Instant)>,
     pending: VecDeque<Result<Vec<WatchEvent>>>,
     /// The first revision not yet delivered, reported in `Compacted`.
     next_revision: i64,
@@ -22,8 +31,16 @@ pub(super) struct WatchState {
 
 impl WatchState {
     /// Takes a stream whose "created" reply has already been read.
-    pub fn new(stream: etcd_client::WatchStream, start_revision: i64) -> Self {
-        Self { stream, pending: VecDeque::new(), next_revision: start_revision, finished: false }
+    pub fn new(stream: etcd_client::WatchStream, start_revision: i64, progress: Option<Duration>) -> Self {
+        let (requests, responses) = stream.split();
+        Self {
+            requests,
+            responses,
+            progress: progress.map(|every| (every, Instant::now() + every)),
+            pending: VecDeque::new(),
+            next_revision: start_revision,
+            finished: false,
+        }
     }
 
     pub fn into_stream(self) -> WatchStream {
@@ -42,10 +59,23 @@ impl WatchState {
             if self.finished {
                 return None;
             }
-            match self.stream.message().await {
-                Ok(Some(response)) => self.absorb(&response),
-                Ok(None) => self.fail(RegistryError::Unavailable("etcd closed the watch stream".into())),
-                Err(error) => self.fail(super::call::map_error(error, Default::default())),
+            let message = match self.progress {
+                Some((every, next_request)) => tokio::select! {
+                    message = self.responses.next() => message,
+                    _ = tokio::time::sleep_until(next_request) => {
+                        self.progress = Some((every, Instant::now() + every));
+                        if let Err(error) = self.requests.request_progress().await {
+                            self.fail(super::call::map_error(error, Default::default()));
+                        }
+                        continue;
+                    }
+                },
+                None => self.responses.next().await,
+            };
+            match message {
+                Some(Ok(response)) => self.absorb(&response),
+                None => self.fail(RegistryError::Unavailable("etcd closed the watch stream".into())),
+                Some(Err(error)) => self.fail(super::call::map_error(error, Default::default())),
             }
         }
     }
@@ -85,6 +115,9 @@ impl WatchState {
         }
         if !batch.is_empty() {
             self.push_batch(batch);
+        } else if self.progress.is_some() && !response.created() {
+            // A progress notification: everything up to its revision was delivered.
+            self.pending.push_back(Ok(Vec::new()));
         }
     }
 
