@@ -89,6 +89,11 @@ pub struct ReplicaFlags {
     /// replica first found the node gone.
     #[arg(long, env = "BERTH_LOST_NODE_GRACE", default_value = "60s", value_parser = parse_duration)]
     pub lost_node_grace: Duration,
+    /// Longest the replica's view may go without etcd confirming it current (events or
+    /// progress notifications) before routing answers a retryable UNAVAILABLE instead of
+    /// routing from a frozen view (a replica cut off with a minority member).
+    #[arg(long, env = "BERTH_VIEW_MAX_STALENESS", default_value = "5s", value_parser = parse_duration)]
+    pub view_max_staleness: Duration,
     /// How callers authenticate.
     #[arg(long, env = "BERTH_AUTH", value_enum, default_value = "none")]
     pub auth: AuthMode,
@@ -177,6 +182,7 @@ impl ReplicaFlags {
         config.heartbeat_interval = self.heartbeat_interval;
         config.bind_timeout = self.bind_timeout;
         config.lost_node_grace = self.lost_node_grace;
+        config.view_max_staleness = self.view_max_staleness;
         config.provision_timeout = self.bind_timeout.mul_f64(0.75);
         Ok(())
     }
