@@ -246,25 +246,13 @@ impl Cluster {
         let id = format!("node-{index}");
         let data_dir = self.data_root.path().join(&id);
         std::fs::create_dir_all(&data_dir)?;
-        let mut args: Vec<String> = vec![
-            "node-agent".into(),
-            "--control-plane".into(),
-            match self.node_replica_proxies.get(index) {
-                Some(proxies) => proxies.iter().map(Proxy::url).collect::<Vec<_>>().join(","),
-                None => self.replica_endpoints().join(","),
-            },
-            "--data-dir".into(),
-            data_dir.display().to_string(),
-            "--node-id".into(),
-            id.clone(),
-            // The default backend is `local`; tests that pass `--backend` keep this harmless.
-            "--allow-unsandboxed".into(),
-        ];
-        args.extend(self.config.node_flags.iter().cloned());
-        let server = BerthProcess::start_with_log(&id, args, &self.config.log_filter)
+        let control_planes = match self.node_replica_proxies.get(index) {
+            Some(proxies) => proxies.iter().map(Proxy::url).collect::<Vec<_>>().join(","),
+            None => self.replica_endpoints().join(","),
+        };
+        start_node_agent(&id, &control_planes, &data_dir, &self.config.node_flags, &self.config.log_filter)
             .await
-            .with_context(|| format!("node {index}"))?;
-        Ok(Node { id, server, data_dir })
+            .with_context(|| format!("node {index}"))
     }
 
     pub fn replica_endpoints(&self) -> Vec<String> {
@@ -417,8 +405,33 @@ pub fn workspace_dirs_in(data_dir: &Path) -> Vec<String> {
     names
 }
 
+/// Starts a node agent `id` heartbeating to `control_planes` (comma-separated URLs) with its
+/// data in `data_dir`, plus `extra` flags; also for nodes outside a [`Cluster`]'s list.
+pub async fn start_node_agent(
+    id: &str,
+    control_planes: &str,
+    data_dir: &Path,
+    extra: &[String],
+    log_filter: &str,
+) -> anyhow::Result<Node> {
+    let mut args: Vec<String> = vec![
+        "node-agent".into(),
+        "--control-plane".into(),
+        control_planes.to_owned(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--node-id".into(),
+        id.to_owned(),
+        // The default backend is `local`; tests that pass `--backend` keep this harmless.
+        "--allow-unsandboxed".into(),
+    ];
+    args.extend(extra.iter().cloned());
+    let server = BerthProcess::start_with_log(id, args, log_filter).await?;
+    Ok(Node { id: id.to_owned(), server, data_dir: data_dir.to_path_buf() })
+}
+
 /// `127.0.0.1:2379` of `http://127.0.0.1:2379`.
-fn socket_address(endpoint: &str) -> anyhow::Result<std::net::SocketAddr> {
+pub fn socket_address(endpoint: &str) -> anyhow::Result<std::net::SocketAddr> {
     let authority = endpoint.trim_start_matches("http://").trim_start_matches("https://").trim_end_matches('/');
     authority.parse().with_context(|| format!("endpoint {endpoint:?} is not host:port"))
 }

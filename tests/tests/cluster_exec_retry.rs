@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use berth_testkit::wait_until;
-use berth_tests::berth::BerthProcess;
-use berth_tests::cluster::{Cluster, ClusterConfig, Node};
+use berth_tests::berth::DEFAULT_LOG_FILTER;
+use berth_tests::cluster::{Cluster, ClusterConfig, Node, socket_address, start_node_agent};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -62,30 +62,13 @@ async fn an_exec_that_may_have_run_is_not_retried() {
 }
 
 /// `127.0.0.1:port` of `http://127.0.0.1:port`.
-fn socket(endpoint: &str) -> SocketAddr {
-    endpoint.trim_start_matches("http://").parse().expect("host:port")
-}
-
 /// Starts a node agent advertising `stall`'s address, so every replica call to it passes
 /// that proxy.
 async fn start_node(id: &str, control_planes: &str, data_dir: &Path, stall: &StallProxy) -> anyhow::Result<Node> {
-    let args: Vec<String> = [
-        "node-agent",
-        "--control-plane",
-        control_planes,
-        "--data-dir",
-        &data_dir.display().to_string(),
-        "--node-id",
-        id,
-        "--allow-unsandboxed",
-        "--advertise",
-        &format!("http://{}", stall.address),
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let server = BerthProcess::start(id, args).await?;
-    stall.set_upstream(socket(&server.endpoint));
-    Ok(Node { id: id.to_owned(), server, data_dir: data_dir.to_path_buf() })
+    let advertise = vec!["--advertise".to_owned(), format!("http://{}", stall.address)];
+    let node = start_node_agent(id, control_planes, data_dir, &advertise, DEFAULT_LOG_FILTER).await?;
+    stall.set_upstream(socket_address(&node.server.endpoint)?);
+    Ok(node)
 }
 
 /// A TCP proxy that can stall the connections it carries now (hold their bytes, keep them

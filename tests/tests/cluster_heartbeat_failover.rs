@@ -7,13 +7,13 @@
 //! - a fenced node registers with the next replica;
 //! - a node registering again removes its superseded copies before it serves.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use berth_testkit::wait_until;
 use berth_tests::berth::BerthProcess;
-use berth_tests::cluster::{Cluster, ClusterConfig, Node};
+use berth_tests::berth::DEFAULT_LOG_FILTER;
+use berth_tests::cluster::{Cluster, ClusterConfig, Node, socket_address, start_node_agent};
 use berth_tests::proxy::{Proxy, ProxyMode};
 use nix::sys::signal::Signal;
 
@@ -106,8 +106,9 @@ async fn a_node_obeys_the_ttl_etcd_reports_not_the_replica_flag() {
     )
     .await
     .expect("long-ttl replica");
-    let short_proxy = Proxy::start(socket(&cluster.replicas[0].server.endpoint)).await.expect("proxy");
-    let long_proxy = Proxy::start(socket(&long_ttl.endpoint)).await.expect("proxy");
+    let short_proxy =
+        Proxy::start(socket_address(&cluster.replicas[0].server.endpoint).expect("address")).await.expect("proxy");
+    let long_proxy = Proxy::start(socket_address(&long_ttl.endpoint).expect("address")).await.expect("proxy");
     // First registration at the 3 s replica only.
     long_proxy.set_mode(ProxyMode::Reset);
     let data_dir = tempfile::tempdir().expect("tempdir");
@@ -262,24 +263,7 @@ async fn a_fenced_node_registers_with_the_next_replica() {
 }
 
 /// `127.0.0.1:port` of `http://127.0.0.1:port`.
-fn socket(endpoint: &str) -> SocketAddr {
-    endpoint.trim_start_matches("http://").parse().expect("host:port")
-}
-
 /// Starts a node agent outside the cluster's node list, heartbeating to `control_planes`.
 async fn start_node(id: &str, control_planes: &str, data_dir: &Path) -> anyhow::Result<Node> {
-    let args: Vec<String> = [
-        "node-agent",
-        "--control-plane",
-        control_planes,
-        "--data-dir",
-        &data_dir.display().to_string(),
-        "--node-id",
-        id,
-        "--allow-unsandboxed",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let server = BerthProcess::start(id, args).await?;
-    Ok(Node { id: id.to_owned(), server, data_dir: data_dir.to_path_buf() })
+    start_node_agent(id, control_planes, data_dir, &[], DEFAULT_LOG_FILTER).await
 }
