@@ -451,6 +451,7 @@ impl Binder {
             backend: record.backend.clone(),
             spec: Some(berth_proto::convert::spec_to_proto(&record.spec)),
             fresh,
+            owner: record.owner.clone(),
         };
         let request = node_request(message, generation, self.config.provision_timeout);
         let started = std::time::Instant::now();

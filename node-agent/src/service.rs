@@ -64,7 +64,9 @@ impl NodeAgentService for NodeAgentApi {
         let asked_backend = if request.backend.is_empty() { "default".to_owned() } else { request.backend.clone() };
         let started = std::time::Instant::now();
         let provisioned = tokio::spawn(async move {
-            workspaces.provision(&task_id, request.generation, &request.backend, &spec, request.fresh).await
+            workspaces
+                .provision(&task_id, request.generation, &request.backend, &spec, request.fresh, &request.owner)
+                .await
         })
         .await
         .map_err(|error| NodeError::ProvisionTask { reason: error.to_string() })?;

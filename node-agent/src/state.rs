@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use berth_workspace::{BackendDriverRef, BackendRef, ProvisionContext, WorkspaceError, WorkspaceId, WorkspaceSpec};
+use berth_workspace::{
+    BackendDriverRef, BackendRef, Placement, ProvisionContext, WorkspaceError, WorkspaceId, WorkspaceSpec,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::NodeError;
@@ -40,6 +42,9 @@ struct Meta {
     backend: String,
     spec: WorkspaceSpec,
     running: bool,
+    /// The workspace's owner as the replica named it (portable drivers label with it).
+    #[serde(default)]
+    owner: String,
 }
 
 /// One workspace on this node.
@@ -48,6 +53,8 @@ pub struct Entry {
     pub generation: u64,
     pub backend_name: String,
     pub spec: WorkspaceSpec,
+    /// The owner the replica named at provision (empty for `global`).
+    pub owner: String,
     /// `None` while released (data kept, no runtime).
     pub backend: Option<BackendRef>,
     pub last_access_ms: AtomicI64,
@@ -250,7 +257,9 @@ impl Workspaces {
         let backend = if meta.running {
             let driver = self.driver(&meta.backend)?;
             let root = self.root_of(&meta.workspace_id);
-            let context = ProvisionContext { workspace_id: &meta.workspace_id, root: &root, spec: &meta.spec };
+            let placement = Placement { generation: meta.generation, owner: &meta.owner, fresh: false };
+            let context =
+                ProvisionContext { workspace_id: &meta.workspace_id, root: &root, spec: &meta.spec, placement };
             Some(driver.provision(context).await?)
         } else {
             None
@@ -261,6 +270,7 @@ impl Workspaces {
             generation: meta.generation,
             backend_name: meta.backend,
             spec: meta.spec,
+            owner: meta.owner,
             backend,
             last_access_ms: AtomicI64::new(now_ms()),
             execs_in_flight: AtomicU32::new(0),
@@ -281,6 +291,7 @@ impl Workspaces {
         backend: &str,
         spec: &WorkspaceSpec,
         fresh: bool,
+        owner: &str,
     ) -> Result<Provisioned, NodeError> {
         let backend_name = if backend.is_empty() { self.default_backend.clone() } else { backend.to_owned() };
         let driver = Arc::clone(self.driver(&backend_name)?);
@@ -328,16 +339,18 @@ impl Workspaces {
             path: id.to_string(),
             source,
         })?;
-        let context = ProvisionContext { workspace_id: id, root: &root, spec };
+        let placement = Placement { generation, owner, fresh };
+        let context = ProvisionContext { workspace_id: id, root: &root, spec, placement };
         let handle = driver.provision(context).await?;
         berth_workspace::layout::ensure(handle.as_ref()).await?;
         let created = self.get(id).is_none();
-        self.write_meta(id, generation, &backend_name, spec, true).await?;
+        self.write_meta(id, generation, &backend_name, spec, owner, true).await?;
         self.insert(Entry {
             id: id.clone(),
             generation,
             backend_name: backend_name.clone(),
             spec: spec.clone(),
+            owner: owner.to_owned(),
             backend: Some(handle.clone()),
             last_access_ms: AtomicI64::new(now_ms()),
             execs_in_flight: AtomicU32::new(0),
@@ -360,12 +373,14 @@ impl Workspaces {
             return Err(NodeError::WrongGeneration { workspace_id: id.clone(), held: existing.generation, expected });
         }
         self.driver(&existing.backend_name)?.release(id).await?;
-        self.write_meta(id, existing.generation, &existing.backend_name, &existing.spec, false).await?;
+        self.write_meta(id, existing.generation, &existing.backend_name, &existing.spec, &existing.owner, false)
+            .await?;
         self.insert(Entry {
             id: id.clone(),
             generation: existing.generation,
             backend_name: existing.backend_name.clone(),
             spec: existing.spec.clone(),
+            owner: existing.owner.clone(),
             backend: None,
             last_access_ms: AtomicI64::new(existing.last_access_ms.load(Ordering::Relaxed)),
             execs_in_flight: AtomicU32::new(0),
@@ -496,6 +511,7 @@ impl Workspaces {
         generation: u64,
         backend: &str,
         spec: &WorkspaceSpec,
+        owner: &str,
         running: bool,
     ) -> Result<(), WorkspaceError> {
         let meta = Meta {
@@ -505,6 +521,7 @@ impl Workspaces {
             backend: backend.to_owned(),
             spec: spec.clone(),
             running,
+            owner: owner.to_owned(),
         };
         let path = self.meta_path(id);
         let temporary = path.with_extension(format!("json.tmp-{}", rand::random::<u32>()));

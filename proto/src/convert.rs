@@ -182,6 +182,10 @@ pub fn status_from_workspace_error(error: &WorkspaceError) -> Status {
         E::Corrupt { .. } => Status::internal(message),
         E::Io { op, path, source } => Status::internal(format!("i/o error during {op} of {path:?}: {}", source.kind())),
         E::Backend { backend, .. } => Status::internal(format!("{backend} backend error: {message}")),
+        E::Unsupported { .. } => Status::unimplemented(message),
+        E::ProviderQuota { .. } => Status::resource_exhausted(message),
+        E::ProviderAuth { .. } => Status::failed_precondition(message),
+        E::SandboxFenced { .. } => ErrorKind::StaleGeneration.attach(Status::failed_precondition(message)),
     }
 }
 

@@ -25,6 +25,22 @@ pub use crate::process::{
     ProcessControl, SpawnRole, SpawnSpec, Spawned,
 };
 
+/// What a backend can do beyond the minimum of its primitives (see
+/// [`Backend::capabilities`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// A process's stdout and stderr arrive as two streams (a provider that answers only
+    /// combined output has `false`, and says so in every exec it runs).
+    pub separate_stderr: bool,
+    /// A running process accepts stdin after it started (needed by MCP stdio servers and
+    /// streamed stdin).
+    pub streaming_stdin: bool,
+}
+
+impl Capabilities {
+    pub const FULL: Self = Self { separate_stderr: true, streaming_stdin: true };
+}
+
 /// Shared handle to one workspace's backend.
 pub type BackendRef = Arc<dyn Backend>;
 
@@ -41,6 +57,13 @@ pub type BackendRef = Arc<dyn Backend>;
 pub trait Backend: Send + Sync {
     /// Backend name for logs and metric labels (`local`, `bubblewrap`, `docker`, …).
     fn name(&self) -> &'static str;
+
+    /// What this backend can do beyond the primitives (all of it on host backends). A
+    /// backend without a capability refuses the calls that need it with
+    /// [`WorkspaceError::Unsupported`]; it never merges or drops data silently.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::FULL
+    }
 
     /// Starts a process in the workspace's sandbox with piped stdio.
     async fn spawn(&self, spec: &SpawnSpec) -> Result<Spawned>;

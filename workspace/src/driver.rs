@@ -17,9 +17,46 @@ pub type BackendDriverRef = Arc<dyn BackendDriver>;
 #[derive(Clone, Copy, Debug)]
 pub struct ProvisionContext<'a> {
     pub workspace_id: &'a WorkspaceId,
-    /// Host directory holding the workspace's files (created by the caller).
+    /// Host directory holding the workspace's files (created by the caller). A portable
+    /// driver (a provider's sandbox holds the files) leaves it alone.
     pub root: &'a Path,
     pub spec: &'a WorkspaceSpec,
+    pub placement: Placement<'a>,
+}
+
+impl<'a> ProvisionContext<'a> {
+    /// A provision outside any placement (tests, tools): generation 0, no owner, not fresh.
+    pub fn unplaced(workspace_id: &'a WorkspaceId, root: &'a Path, spec: &'a WorkspaceSpec) -> Self {
+        Self { workspace_id, root, spec, placement: Placement::default() }
+    }
+}
+
+/// Which placement a provision is for. Host drivers ignore it (the node agent fences
+/// generations itself); a portable driver writes it to its sandbox's labels and checks the
+/// generation there, since another gateway may have adopted the sandbox meanwhile.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Placement<'a> {
+    /// The bind's generation. A sandbox labelled with a newer one belongs to a newer
+    /// placement: `provision` refuses with [`WorkspaceError::SandboxFenced`].
+    pub generation: u64,
+    /// The workspace's owner (user id), empty for a `global` workspace.
+    pub owner: &'a str,
+    /// The id had no workspace when the replica placed it: a sandbox found under its labels
+    /// is an orphan (a deleted workspace's, or an unrecorded bind's) and is never adopted.
+    pub fresh: bool,
+}
+
+/// A provider sandbox carrying this cluster's labels, as the janitor sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelledSandbox {
+    /// The provider's own id of the sandbox (what `remove_labelled` deletes).
+    pub provider_id: String,
+    /// The workspace its labels name (`None` when the label is unreadable).
+    pub workspace_id: Option<WorkspaceId>,
+    /// Its `berth.generation` label (0 when missing).
+    pub generation: u64,
+    /// When the provider created it, milliseconds since the epoch (0 when unknown).
+    pub created_at_ms: i64,
 }
 
 /// Creates and tears down the runtime of workspaces of one backend kind.
@@ -47,5 +84,33 @@ pub trait BackendDriver: Send + Sync {
     /// Whether the runtime of a workspace is up (a local workspace always is).
     async fn is_running(&self, _workspace_id: &WorkspaceId) -> bool {
         true
+    }
+
+    // ---- portable (cloud) drivers -----------------------------------------------------
+
+    /// Whether a workspace's files live outside this node, in a provider's sandbox found by
+    /// its labels: when this node (a gateway) goes, another gateway adopts the sandbox with
+    /// its data, without the data-node grace period. Host drivers: `false`.
+    fn portable(&self) -> bool {
+        false
+    }
+
+    /// Drops this node's handles to a workspace that a newer placement adopted elsewhere,
+    /// without touching the sandbox (it is the newer gateway's now). Only called for
+    /// portable drivers; the default does nothing.
+    async fn forget(&self, _workspace_id: &WorkspaceId) -> Result<()> {
+        Ok(())
+    }
+
+    /// Every sandbox at the provider carrying this cluster's labels (the cluster's key
+    /// prefix), for the janitor that removes those without a registry record.
+    async fn list_labelled(&self) -> Result<Vec<LabelledSandbox>> {
+        Ok(Vec::new())
+    }
+
+    /// Deletes one sandbox `list_labelled` returned (and, where the provider keeps them
+    /// apart, its volume). Safe on a sandbox that is already gone.
+    async fn remove_labelled(&self, _sandbox: &LabelledSandbox) -> Result<()> {
+        Ok(())
     }
 }

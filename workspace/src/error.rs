@@ -96,6 +96,24 @@ pub enum WorkspaceError {
     /// Failure inside a backend that has no better variant (docker API error…).
     #[error("{backend}: {message}")]
     Backend { backend: &'static str, message: String },
+
+    /// The backend cannot do what the call needs (a provider without separate stderr,
+    /// without stdin streaming, …): the call is refused, never half-done.
+    #[error("backend {backend} does not support {capability}")]
+    Unsupported { backend: &'static str, capability: &'static str },
+
+    /// A provider refused for quota or rate (after retries): RESOURCE_EXHAUSTED.
+    #[error("{provider} quota exhausted: {message}")]
+    ProviderQuota { provider: &'static str, message: String },
+
+    /// A provider refused the gateway's credential: FAILED_PRECONDITION naming it.
+    #[error("{provider} refused the credential {credential}: {message}")]
+    ProviderAuth { provider: &'static str, credential: String, message: String },
+
+    /// A provider sandbox is labelled with a newer generation than this call's: a newer
+    /// placement adopted it, so this (older) one must not touch it.
+    #[error("sandbox of {workspace_id} is at generation {held}; refusing generation {asked}")]
+    SandboxFenced { workspace_id: String, held: u64, asked: u64 },
 }
 
 /// Why the node refuses an MCP server (see [`WorkspaceError::McpRefused`]).
@@ -153,6 +171,8 @@ impl WorkspaceError {
                 | Self::Corrupt { .. }
                 | Self::Timeout { .. }
                 | Self::McpServerFailed { .. }
+                | Self::ProviderQuota { .. }
+                | Self::ProviderAuth { .. }
         )
     }
 }

@@ -27,10 +27,10 @@ pub mod spec;
 pub mod tree;
 
 pub use backend::{
-    Backend, BackendRef, ByteStream, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind, ProcessControl,
-    SpawnRole, SpawnSpec, Spawned, WriteOptions,
+    Backend, BackendRef, ByteStream, Capabilities, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind,
+    ProcessControl, SpawnRole, SpawnSpec, Spawned, WriteOptions,
 };
-pub use driver::{BackendDriver, BackendDriverRef, ProvisionContext};
+pub use driver::{BackendDriver, BackendDriverRef, LabelledSandbox, Placement, ProvisionContext};
 pub use error::{Result, WorkspaceError};
 pub use id::{WorkspaceId, validate_id};
 pub use path::{RelPath, join_path};

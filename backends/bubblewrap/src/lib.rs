@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! let driver = BubblewrapDriver::new(BubblewrapConfig::default()).await?; // probes bwrap
-//! let backend = driver.provision(ProvisionContext { workspace_id, root, spec }).await?;
+//! let backend = driver.provision(ProvisionContext::unplaced(workspace_id, root, spec)).await?;
 //! ```
 //!
 //! # What a sandboxed process sees

@@ -41,7 +41,7 @@ async fn suite_fixture() -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
     let id = WorkspaceId::new("ws-suite").unwrap();
     let spec = WorkspaceSpec::default();
     let backend = driver
-        .provision_bubblewrap(ProvisionContext { workspace_id: &id, root: &root, spec: &spec })
+        .provision_bubblewrap(ProvisionContext::unplaced(&id, &root, &spec))
         .await
         .expect("provision a bubblewrap workspace");
     if let Some(users) = backend.users() {
@@ -299,7 +299,7 @@ async fn provision_is_idempotent_and_hands_the_root_over() {
     assert_eq!(driver.name(), "bubblewrap");
     let id = WorkspaceId::new("ws-idem").unwrap();
     let spec = WorkspaceSpec::default();
-    let context = ProvisionContext { workspace_id: &id, root: &root, spec: &spec };
+    let context = ProvisionContext::unplaced(&id, &root, &spec);
     let first = driver.provision_bubblewrap(context).await.unwrap();
     let second = driver.provision_bubblewrap(context).await.unwrap();
     assert!(Arc::ptr_eq(&first, &second));

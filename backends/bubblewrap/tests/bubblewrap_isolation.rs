@@ -144,10 +144,7 @@ async fn two_workspaces_on_one_driver_cannot_reach_each_other() {
         let root = parent.path().join(name);
         std::fs::create_dir(&root).unwrap();
         let id = WorkspaceId::new(name).unwrap();
-        let backend = driver
-            .provision_bubblewrap(ProvisionContext { workspace_id: &id, root: &root, spec: &spec })
-            .await
-            .unwrap();
+        let backend = driver.provision_bubblewrap(ProvisionContext::unplaced(&id, &root, &spec)).await.unwrap();
         tenants.push((root, backend));
     }
     let [(root_a, a), (root_b, b)] = <[_; 2]>::try_from(tenants).ok().unwrap();

@@ -279,7 +279,7 @@ async fn provisioning_again_rewrites_the_cgroup_limits() {
         let restarted = bwrap_support::driver(required.clone()).await;
         let spec = WorkspaceSpec { memory_bytes: megabytes << 20, ..Default::default() };
         let again = restarted
-            .provision_bubblewrap(ProvisionContext { workspace_id: &sandbox.id, root: &sandbox.root, spec: &spec })
+            .provision_bubblewrap(ProvisionContext::unplaced(&sandbox.id, &sandbox.root, &spec))
             .await
             .expect("provision again");
         let same = again.cgroup().map(|again| again.procs_files());

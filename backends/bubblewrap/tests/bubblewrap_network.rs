@@ -110,7 +110,7 @@ async fn the_namespace_lives_with_the_workspace_and_survives_agent_restarts() {
     let name = netns_name(&sandbox.root);
     let netns = Path::new("/run/netns").join(&name);
     let spec = networked();
-    let context = ProvisionContext { workspace_id: &sandbox.id, root: &sandbox.root, spec: &spec };
+    let context = ProvisionContext::unplaced(&sandbox.id, &sandbox.root, &spec);
     let first = sandbox.driver.networks().pasta_pid(&name).expect("pasta serves the namespace");
     assert!(netns.exists());
 

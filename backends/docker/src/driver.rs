@@ -463,7 +463,7 @@ mod tests {
         let config = DockerConfig::new("node-a");
         let workspace_id = WorkspaceId::new("ws-1").unwrap();
         let spec = WorkspaceSpec::default();
-        let context = ProvisionContext { workspace_id: &workspace_id, root: Path::new("/data/ws-1"), spec: &spec };
+        let context = ProvisionContext::unplaced(&workspace_id, Path::new("/data/ws-1"), &spec);
         let body = container_body(&config, (1000, 1000), &context, "img");
         let host = body.host_config.unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
@@ -491,7 +491,7 @@ mod tests {
             read_only_root: true,
             ..Default::default()
         };
-        let context = ProvisionContext { workspace_id: &workspace_id, root: Path::new("/data/ws-1"), spec: &spec };
+        let context = ProvisionContext::unplaced(&workspace_id, Path::new("/data/ws-1"), &spec);
         let host = container_body(&config, (1, 2), &context, "img").host_config.unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.nano_cpus, Some(500_000_000));

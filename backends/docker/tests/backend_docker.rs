@@ -103,7 +103,7 @@ impl Node {
     async fn try_provision(&self, workspace: &str, spec: &WorkspaceSpec) -> berth_workspace::Result<BackendRef> {
         let id = WorkspaceId::new(workspace).unwrap();
         let root = self.root(workspace);
-        self.driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec }).await
+        self.driver.provision(ProvisionContext::unplaced(&id, &root, spec)).await
     }
 
     /// Container ids carrying this node's label (and the workspace's, when given).
@@ -327,7 +327,7 @@ async fn restarted_agent_adopts_its_containers() {
     assert_eq!(restarted.adopt().await.unwrap(), vec![id("ws-adopt")]);
     let root = node.root("ws-adopt");
     let again = restarted
-        .provision(ProvisionContext { workspace_id: &id("ws-adopt"), root: &root, spec: &WorkspaceSpec::default() })
+        .provision(ProvisionContext::unplaced(&id("ws-adopt"), &root, &WorkspaceSpec::default()))
         .await
         .unwrap();
     assert_eq!(stdout_text(&sh_ok(&*again, "cat f", &[]).await), "kept\n");

@@ -68,10 +68,7 @@ impl Node {
         let id = WorkspaceId::new(WORKSPACE).unwrap();
         let root = self.root();
         let spec = WorkspaceSpec { network: true, ..WorkspaceSpec::default() };
-        self.driver
-            .provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec })
-            .await
-            .expect("provision")
+        self.driver.provision(ProvisionContext::unplaced(&id, &root, &spec)).await.expect("provision")
     }
 }
 

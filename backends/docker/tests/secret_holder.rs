@@ -56,7 +56,7 @@ async fn workspace(spec: &WorkspaceSpec) -> Workspace {
     let root = data.path().join("ws");
     std::fs::create_dir_all(&root).unwrap();
     let id = WorkspaceId::new("ws-secret").unwrap();
-    let backend = driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec }).await.expect("provision");
+    let backend = driver.provision(ProvisionContext::unplaced(&id, &root, spec)).await.expect("provision");
     Workspace { backend, node_id, _data: data }
 }
 

@@ -195,7 +195,7 @@ async fn driver_provision_is_idempotent() {
     assert_eq!(driver.name(), "local");
     let id = WorkspaceId::new("ws-local-1").unwrap();
     let spec = WorkspaceSpec::default();
-    let context = |root| ProvisionContext { workspace_id: &id, root, spec: &spec };
+    let context = |root| ProvisionContext::unplaced(&id, root, &spec);
     let first = driver.provision(context(&root)).await.unwrap();
     let second = driver.provision(context(&root)).await.unwrap();
     assert!(Arc::ptr_eq(&first, &second));

@@ -53,7 +53,7 @@ async fn sandbox_at_with(config: BubblewrapConfig, root: &Path, spec: WorkspaceS
     let driver = driver(config).await;
     let id = WorkspaceId::new(format!("ws-{}", rand::random::<u32>())).unwrap();
     let bubblewrap = driver
-        .provision_bubblewrap(ProvisionContext { workspace_id: &id, root, spec: &spec })
+        .provision_bubblewrap(ProvisionContext::unplaced(&id, root, &spec))
         .await
         .expect("provision a bubblewrap workspace");
     let backend: BackendRef = bubblewrap.clone();
