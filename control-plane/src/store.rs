@@ -193,14 +193,14 @@ impl WorkspaceStore {
     }
 
     /// Deletes the record and its lock in one transaction, only if we still hold the lock.
-    /// With a tombstone (a copy may survive on a node that was away), it is written in the
-    /// same transaction.
+    /// With a tombstone (a copy may survive on a node), it is written in the same
+    /// transaction. Returns the transaction's revision (the tombstone's mod revision).
     pub async fn delete_fenced(
         &self,
         workspace_id: &WorkspaceId,
         fence: LockFence,
         tombstone: Option<&TombstoneRecord>,
-    ) -> Result<()> {
+    ) -> Result<i64> {
         let mut changes = vec![TxnOp::delete(self.keys.workspace(workspace_id))];
         if let Some(tombstone) = tombstone {
             changes.push(TxnOp::put(self.keys.tombstone(workspace_id.as_str()), records::encode(tombstone)));
@@ -208,11 +208,19 @@ impl WorkspaceStore {
         self.fenced_all(workspace_id, fence, changes).await
     }
 
-    async fn fenced(&self, workspace_id: &WorkspaceId, fence: LockFence, change: TxnOp) -> Result<()> {
-        self.fenced_all(workspace_id, fence, vec![change]).await
+    /// Deletes a tombstone once its node confirmed the copy gone, if it is still the one
+    /// written at `revision` (a later delete of the same id wrote its own).
+    pub async fn delete_tombstone(&self, workspace_id: &WorkspaceId, revision: i64) -> Result<()> {
+        let key = self.keys.tombstone(workspace_id.as_str());
+        self.registry.txn(Txn::new().when([Compare::mod_revision(&key, revision)]).and_then([TxnOp::delete(&key)])).await?;
+        Ok(())
     }
 
-    async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, mut changes: Vec<TxnOp>) -> Result<()> {
+    async fn fenced(&self, workspace_id: &WorkspaceId, fence: LockFence, change: TxnOp) -> Result<()> {
+        self.fenced_all(workspace_id, fence, vec![change]).await.map(|_| ())
+    }
+
+    async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, mut changes: Vec<TxnOp>) -> Result<i64> {
         let lock_key = self.keys.lock(workspace_id);
         changes.push(TxnOp::delete(&lock_key));
         let response = self
@@ -222,7 +230,7 @@ impl WorkspaceStore {
         if !response.succeeded {
             return Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() });
         }
-        Ok(())
+        Ok(response.revision)
     }
 
     /// A linearizable read of a node's key and drain key: whether the node is live, drained,

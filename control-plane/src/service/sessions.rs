@@ -220,30 +220,37 @@ impl Sessions {
         let timeout = self.node_call_timeout;
         let id = workspace_id.to_string();
         if destroy {
-            let confirmed = match &node {
-                Some(node) => {
-                    let mut client = self.nodes.get(&node.address)?;
-                    let request = node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout);
-                    match client.destroy(request).await {
-                        Ok(_) => true,
-                        // The node may come back with the copy: the tombstone covers it.
-                        Err(status) if status.code() == tonic::Code::Unavailable => false,
-                        Err(status) => return Err(status.into()),
-                    }
-                }
-                None => record.node_id.is_none(),
-            };
-            // Unless the node confirmed the copy gone, a tombstone outlives the record (same
-            // fenced transaction): the copy is quarantined when its node reports it, and a
-            // new workspace of this id never adopts it.
-            let tombstone = (!confirmed).then(|| TombstoneRecord {
+            // The record's delete is the commit point and comes first, with a tombstone in
+            // the same fenced transaction: until the node confirms its copy gone, that copy
+            // is quarantined when the node reports it, and a new workspace of this id never
+            // adopts it. Destroying on the node first left, when the delete then failed (the
+            // replica lost etcd), a record whose files were gone: the workspace came back
+            // empty saying FRESH.
+            let tombstone = record.node_id.as_ref().map(|node_id| TombstoneRecord {
                 version: RECORD_VERSION,
                 workspace_id: workspace_id.clone(),
                 generation: record.generation,
-                node_id: record.node_id.clone(),
+                node_id: Some(node_id.clone()),
                 deleted_at_ms: now_ms(),
             });
-            self.store.delete_fenced(workspace_id, fence, tombstone.as_ref()).await?;
+            let revision = self.store.delete_fenced(workspace_id, fence, tombstone.as_ref()).await?;
+            let Some(node) = &node else { return Ok(v1::CloseWorkspaceResponse {}) };
+            // The node removes the files at once (an owner's delete); a node that does not
+            // answer keeps them until it reports the copy (then they are quarantined).
+            let mut client = self.nodes.get(&node.address)?;
+            let request = node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout);
+            match client.destroy(request).await {
+                Ok(_) => {
+                    if let Err(error) = self.store.delete_tombstone(workspace_id, revision).await {
+                        // A few bytes that the heartbeat reconciliation removes later.
+                        tracing::info!(ws_id = %workspace_id, %error, "tombstone kept; the node's next report removes it");
+                    }
+                }
+                Err(status) => {
+                    tracing::warn!(ws_id = %workspace_id, node_id = %node.node_id, error = %status.message(),
+                        "workspace deleted; its node did not remove the copy now, the tombstone covers it");
+                }
+            }
         } else {
             if let Some(node) = &node {
                 let mut client = self.nodes.get(&node.address)?;
@@ -280,6 +287,7 @@ impl Sessions {
             updated_at: Some(timestamp_from_unix_ms(record.updated_at_ms)),
             failure: record.failure.clone().unwrap_or_default(),
             shared_with: record.shared_with.clone(),
+            origin_generation: record.origin_generation,
             ..origin_to_proto(&record.origin)
         }
     }
