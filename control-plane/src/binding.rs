@@ -57,11 +57,13 @@ pub struct BindRequest {
     /// A generation a node denied holding: a READY record at this generation is treated
     /// as not ready, so the workspace is provisioned again.
     pub replace_generation: Option<u64>,
+    /// Skip the view: the caller found the cached record wrong (e.g. deleted meanwhile).
+    pub linearizable: bool,
 }
 
 impl BindRequest {
     pub fn existing(workspace_id: WorkspaceId) -> Self {
-        Self { workspace_id, create: None, replace_generation: None }
+        Self { workspace_id, create: None, replace_generation: None, linearizable: false }
     }
 }
 
@@ -124,7 +126,8 @@ impl Binder {
 
     /// Returns the workspace READY on a live node, binding it if needed.
     pub async fn ensure_ready(self: &Arc<Self>, request: BindRequest) -> Result<Arc<WorkspaceRecord>> {
-        if let Some(record) = self.store.cached_ready(&request.workspace_id)
+        if !request.linearizable
+            && let Some(record) = self.store.cached_ready(&request.workspace_id)
             && Some(record.generation) != request.replace_generation
         {
             return Ok(record);

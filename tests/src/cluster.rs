@@ -413,7 +413,11 @@ impl Cluster {
         self.data_root.disable_cleanup(true);
         let mut kept = format!("node data directories kept under {}\n", self.data_root.path().display());
         for replica in &self.replicas {
-            kept.push_str(&format!("{} log: {}\n", replica.id, replica.server.process.keep_dir().join("log.txt").display()));
+            kept.push_str(&format!(
+                "{} log: {}\n",
+                replica.id,
+                replica.server.process.keep_dir().join("log.txt").display()
+            ));
         }
         for node in &self.nodes {
             kept.push_str(&format!("{} log: {}\n", node.id, node.server.process.keep_dir().join("log.txt").display()));

@@ -64,8 +64,8 @@ async fn a_destroy_that_cannot_commit_never_leaves_an_empty_workspace_that_says_
             let (read, _) =
                 retry_transient(Duration::from_secs(20), || replica.read_file(&workspace_id, "notes.txt")).await;
             let now = replica.get_workspace(&workspace_id).await.expect("get");
-            let said_so = now.origin() == v1::WorkspaceOrigin::RecreatedEmpty
-                && now.origin_generation > placed.origin_generation;
+            let said_so =
+                now.origin() == v1::WorkspaceOrigin::RecreatedEmpty && now.origin_generation > placed.origin_generation;
             assert!(
                 read.as_deref().ok() == Some(&b"kept"[..]) || said_so,
                 "the record survived the destroy (generation {}) but its files did not, and it says {:?} \
@@ -125,7 +125,9 @@ async fn a_node_stopped_past_its_lease_serves_nothing_when_it_runs_again() {
     node.server.process.signal(Signal::SIGCONT);
     for probe in probes {
         match probe.await.expect("probe task") {
-            Ok(data) => panic!("a node past its lease served {:?}\n{}", String::from_utf8_lossy(&data), cluster.logs(20)),
+            Ok(data) => {
+                panic!("a node past its lease served {:?}\n{}", String::from_utf8_lossy(&data), cluster.logs(20))
+            }
             Err(status) => {
                 assert_eq!(ErrorKind::of(&status), Some(ErrorKind::NodeFenced), "{status:?}");
             }

@@ -15,7 +15,7 @@ use crate::error::ControlPlaneError;
 use crate::node_client::{NodeClients, node_request};
 use crate::policy::{IsolationPolicy, assign_workspace_id};
 use crate::records::{Origin, RECORD_VERSION, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord, now_ms};
-use crate::store::{LockFence, WorkspaceStoreRef};
+use crate::store::{LockFence, SessionCreated, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
 // ShareWorkspace / UnshareWorkspace: more `impl Sessions`.
@@ -96,25 +96,35 @@ impl Sessions {
         };
         let any_backend = caller.principal().may_use_any_backend();
         let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec, any_backend };
-        let record = self
-            .binder
-            .ensure_ready(BindRequest { create: Some(create), ..BindRequest::existing(workspace_id.clone()) })
-            .await?;
-        // Checked again on what the bind returned: a concurrent create of the same explicit
-        // id by someone else wins the record, and then this caller must not get it.
-        authz::authorize(&effective, &record, Action::Use)?;
-
-        let session = SessionRecord {
-            version: RECORD_VERSION,
-            session_id: session_id.clone(),
-            user,
-            agent,
-            workspace_id: record.id.clone(),
-            created_at_ms: now_ms(),
+        let mut bind = BindRequest { create: Some(create), ..BindRequest::existing(workspace_id.clone()) };
+        let mut attempts = 0;
+        let (session, created) = loop {
+            attempts += 1;
+            let record = self.binder.ensure_ready(bind.clone()).await?;
+            // Checked again on what the bind returned: a concurrent create of the same
+            // explicit id by someone else wins the record, and then this caller must not get it.
+            authz::authorize(&effective, &record, Action::Use)?;
+            let session = SessionRecord {
+                version: RECORD_VERSION,
+                session_id: session_id.clone(),
+                user: user.clone(),
+                agent: agent.clone(),
+                workspace_id: record.id.clone(),
+                created_at_ms: now_ms(),
+            };
+            match self.store.create_session(&session).await? {
+                // The view still had a workspace another replica deleted (e.g. right after
+                // a partition healed): bind again from the registry, once.
+                SessionCreated::WorkspaceGone if attempts == 1 => bind.linearizable = true,
+                SessionCreated::WorkspaceGone => {
+                    return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
+                }
+                created => break (session, created),
+            }
         };
-        match self.store.create_session(&session).await? {
-            None => Ok(session_to_proto(&session)),
-            Some(existing) => {
+        match created {
+            SessionCreated::Created | SessionCreated::WorkspaceGone => Ok(session_to_proto(&session)),
+            SessionCreated::Exists(existing) => {
                 // Creating a session that exists with the same binding is idempotent.
                 if existing.user == session.user
                     && existing.agent == session.agent

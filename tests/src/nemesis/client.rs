@@ -118,9 +118,7 @@ impl Clients {
     }
 }
 
-async fn within<T>(
-    call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Result<T, Status> {
+async fn within<T>(call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>) -> Result<T, Status> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(outcome) => outcome.map(tonic::Response::into_inner),
         Err(_) => Err(Status::deadline_exceeded("no answer within the client deadline")),

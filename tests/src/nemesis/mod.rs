@@ -43,7 +43,8 @@ impl NemesisConfig {
     /// `BERTH_NEMESIS_SEED` (else a random seed, printed) and `BERTH_NEMESIS_SECS` (default
     /// `default_secs`) from the environment.
     pub fn from_env(default_secs: u64) -> Self {
-        let seed = std::env::var("BERTH_NEMESIS_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(rand::random);
+        let seed =
+            std::env::var("BERTH_NEMESIS_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(rand::random);
         let secs = std::env::var("BERTH_NEMESIS_SECS").ok().and_then(|secs| secs.parse().ok()).unwrap_or(default_secs);
         Self { seed, duration: Duration::from_secs(secs), workers: 3, workspaces_per_worker: 3, node_capacity: 5 }
     }
@@ -64,7 +65,8 @@ impl Summary {
     pub fn line(&self) -> String {
         let load = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.counters;
-        let faults: Vec<String> = self.faults.iter().map(|(fault, count)| format!("{} {count}", fault.name())).collect();
+        let faults: Vec<String> =
+            self.faults.iter().map(|(fault, count)| format!("{} {count}", fault.name())).collect();
         format!(
             "nemesis summary: seed {} ran {:.0?}; operations {} (writes acked {}, counted {}, reads checked {}, \
              deleted files checked absent {}, deletes {}, lineage changes {}, failed calls {}); faults {} ({}); violations {}",
@@ -108,14 +110,8 @@ pub async fn run(config: NemesisConfig) -> anyhow::Result<Summary> {
     let mut workers = Vec::new();
     for index in 0..config.workers {
         let users = (0..config.workspaces_per_worker).map(|slot| format!("user-{index}-{slot}")).collect();
-        let mut worker = Worker::new(
-            index,
-            config.seed,
-            users,
-            clients.clone(),
-            Arc::clone(&counters),
-            Arc::clone(&violations),
-        );
+        let mut worker =
+            Worker::new(index, config.seed, users, clients.clone(), Arc::clone(&counters), Arc::clone(&violations));
         let stop = Arc::clone(&stop);
         workers.push(tokio::spawn(async move {
             let outcome = worker.run(stop).await;

@@ -243,8 +243,11 @@ impl Worker {
             }
             Ok(data) => {
                 let seen = String::from_utf8_lossy(&data).into_owned();
-                self.violation(workspace_id, format!("{path}: read {seen:?}, acknowledged {:?}", lossy(&written.content)))
-                    .await;
+                self.violation(
+                    workspace_id,
+                    format!("{path}: read {seen:?}, acknowledged {:?}", lossy(&written.content)),
+                )
+                .await;
             }
             Err(status) if super::client::is_missing_file(&status) => {
                 self.violation(
@@ -264,8 +267,11 @@ impl Worker {
         match self.clients.read(replica, workspace_id, &path).await {
             Ok(data) => {
                 let what = if data == content { "its deleted content" } else { "content" };
-                self.violation(workspace_id, format!("{path} of a deleted incarnation served {what}: {:?}", lossy(&data)))
-                    .await;
+                self.violation(
+                    workspace_id,
+                    format!("{path} of a deleted incarnation served {what}: {:?}", lossy(&data)),
+                )
+                .await;
             }
             Err(status) if super::client::is_missing_file(&status) => {
                 self.counters.deleted_reads_checked.fetch_add(1, Ordering::Relaxed);
@@ -319,7 +325,8 @@ impl Worker {
                 }
             }
             if !unserved.is_empty() {
-                let what = format!("{} record(s) not served within 60 s after the faults: {unserved:?}", unserved.len());
+                let what =
+                    format!("{} record(s) not served within 60 s after the faults: {unserved:?}", unserved.len());
                 self.violation(&workspace_id, what).await;
             }
             let deleted = self.models[index].deleted.clone();
