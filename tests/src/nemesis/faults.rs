@@ -59,7 +59,7 @@ pub async fn run(
     let until = tokio::time::Instant::now() + duration;
     while tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..2_500))).await;
-        let hold = Duration::from_millis(rng.random_range(1_000..6_000));
+        let hold = Duration::from_millis(rng.random_range(1_000..8_000));
         let fault = match rng.random_range(0..8) {
             0 => Fault::KillReplica,
             1 => Fault::StopReplica,

@@ -97,7 +97,9 @@ pub async fn run(config: NemesisConfig) -> anyhow::Result<Summary> {
     cluster_config.proxy_replica_etcd = true;
     cluster_config.proxy_node_replicas = true;
     cluster_config.idle_ttl = "3s";
-    cluster_config.lost_node_grace = "4s";
+    // Short enough that a node stopped or killed for a few seconds loses its workspaces to
+    // other nodes (RECREATED_EMPTY), long enough that a brief stop keeps them.
+    cluster_config.lost_node_grace = "1s";
     cluster_config.bind_timeout = "20s";
     cluster_config.node_flags = vec!["--capacity".into(), config.node_capacity.to_string()];
     let mut cluster = Cluster::start(cluster_config).await?;
