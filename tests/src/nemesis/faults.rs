@@ -100,6 +100,11 @@ pub async fn run(
                 // One member for the rest of the run: the other two keep the quorum.
                 let member = rng.random_range(0..etcd.members().len());
                 etcd.kill_member(member);
+                // The replicas' way to it now ends in "connection refused", as it would at
+                // a dead member's own address.
+                for index in 0..cluster.replicas.len() {
+                    cluster.replica_etcd_proxy(index, member).close();
+                }
                 etcd_member_killed = true;
             }
             Fault::PartitionReplicaFromEtcd => {
