@@ -118,7 +118,8 @@ async fn create(state: &State, body: &[u8]) -> Response {
         (Ok(metadata), Ok(env)) => (metadata, env),
         (Err(error), _) | (_, Err(error)) => return self::error(400, &error),
     };
-    match state.create(template, timeout, metadata, env).await {
+    let auto_pause = request.get("autoPause").and_then(Value::as_bool).unwrap_or(false);
+    match state.create(template, timeout, metadata, env, auto_pause).await {
         Ok(sandbox) => json_response(StatusCode::CREATED, &sandbox.created()),
         Err(error) => api_error(error),
     }

@@ -45,6 +45,8 @@ pub struct Life {
     pub end_at: SystemTime,
     pub init: Option<Init>,
     pub killed: bool,
+    /// `autoPause`: the timeout pauses instead of killing.
+    pub auto_pause: bool,
 }
 
 /// One process started through envd.
@@ -166,6 +168,7 @@ impl State {
         timeout: Duration,
         metadata: BTreeMap<String, String>,
         env: BTreeMap<String, String>,
+        auto_pause: bool,
     ) -> Result<Arc<Sandbox>, ApiError> {
         if let Some(max) = self.config.max_running
             && self.running_count().await >= max
@@ -203,6 +206,7 @@ impl State {
                 end_at: now + timeout,
                 init: Some(init),
                 killed: false,
+                auto_pause,
             }),
             processes: Mutex::new(HashMap::new()),
         });
@@ -272,15 +276,18 @@ impl State {
         Ok(())
     }
 
-    /// Kills running sandboxes past their end time (E2B's default on timeout).
+    /// Kills running sandboxes past their end time (E2B's default on timeout), or pauses
+    /// those created with `autoPause`.
     pub async fn reap(&self) {
         let now = SystemTime::now();
         for sandbox in self.all() {
-            let expired = {
+            let (expired, auto_pause) = {
                 let life = sandbox.life.lock().await;
-                life.phase == Phase::Running && life.end_at < now
+                (life.phase == Phase::Running && life.end_at < now, life.auto_pause)
             };
-            if expired {
+            if expired && auto_pause {
+                let _ = self.pause(&sandbox.id).await;
+            } else if expired {
                 let _ = self.kill(&sandbox.id).await;
             }
         }
