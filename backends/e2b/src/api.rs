@@ -14,8 +14,6 @@ use berth_workspace::error::{Result, WorkspaceError};
 use super::config::BACKEND_NAME;
 use super::http::{self, Failure, Retry, encode, query};
 
-/// Sandboxes per list page.
-const PAGE: &str = "100";
 /// Most pages one listing follows (10 000 sandboxes), so a misbehaving server cannot loop
 /// it forever.
 const MAX_PAGES: usize = 100;
@@ -67,6 +65,8 @@ pub struct Api {
     credential: String,
     request_timeout: Duration,
     retry_deadline: Duration,
+    /// Sandboxes per list page.
+    page_size: String,
 }
 
 /// The `metadata` query value: `k=v&k2=v2` with keys and values encoded (the whole value
@@ -83,8 +83,10 @@ impl Api {
         credential: String,
         request_timeout: Duration,
         retry_deadline: Duration,
+        page_size: u32,
     ) -> Self {
-        Self { client, base: base.trim_end_matches('/').to_owned(), key, credential, request_timeout, retry_deadline }
+        let base = base.trim_end_matches('/').to_owned();
+        Self { client, base, key, credential, request_timeout, retry_deadline, page_size: page_size.to_string() }
     }
 
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
@@ -144,7 +146,11 @@ impl Api {
         for _ in 0..MAX_PAGES {
             let response = http::send(
                 || {
-                    let mut pairs = vec![("metadata", metadata.as_str()), ("state", "running,paused"), ("limit", PAGE)];
+                    let mut pairs = vec![
+                        ("metadata", metadata.as_str()),
+                        ("state", "running,paused"),
+                        ("limit", self.page_size.as_str()),
+                    ];
                     if let Some(token) = &token {
                         pairs.push(("nextToken", token.as_str()));
                     }

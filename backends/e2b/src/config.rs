@@ -38,6 +38,8 @@ pub struct E2bConfig {
     pub retry_deadline: Duration,
     /// The workspace root inside the sandbox (default `/home/user/workspace`).
     pub workspace_root: String,
+    /// Sandboxes per list page (1–100, default 100; tests page with less).
+    pub list_page_size: u32,
 }
 
 impl E2bConfig {
@@ -53,6 +55,7 @@ impl E2bConfig {
             request_timeout: Duration::from_secs(30),
             retry_deadline: Duration::from_secs(60),
             workspace_root: "/home/user/workspace".to_owned(),
+            list_page_size: 100,
         }
     }
 
@@ -74,6 +77,9 @@ impl E2bConfig {
             || self.workspace_root.contains("/..")
         {
             return Err(invalid(format!("workspace root {:?} must be absolute and clean", self.workspace_root)));
+        }
+        if !(1..=100).contains(&self.list_page_size) {
+            return Err(invalid(format!("the list page size {} is not within 1..=100", self.list_page_size)));
         }
         if self.sandbox_timeout < Duration::from_secs(60) {
             return Err(invalid("the sandbox timeout must be at least 60 s".into()));

@@ -69,6 +69,7 @@ impl E2bDriver {
             config.api_key_file.display().to_string(),
             config.request_timeout,
             config.retry_deadline,
+            config.list_page_size,
         ));
         Ok(Self { config: Arc::new(config), api, client, handles: Mutex::new(HashMap::new()) })
     }

@@ -118,7 +118,10 @@ pub async fn send(
             Ok(response) => {
                 let status = response.status();
                 let refusal = refusal(response).await;
-                if !retryable_status(status, retry) {
+                // E2B's proxy answers 502 "… was not found" for a sandbox that is not
+                // running (paused, killed): definitive, not a passing fault.
+                let gone = status == StatusCode::BAD_GATEWAY && refusal.message.contains("was not found");
+                if gone || !retryable_status(status, retry) {
                     return Err(Failure::Status(refusal));
                 }
                 Failure::Status(refusal)

@@ -10,7 +10,7 @@
 //! process racing it can only redirect the call to what the sandbox user (the same user
 //! envd acts as) can reach anyway — the sandbox is the boundary.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
@@ -89,6 +89,10 @@ impl<'a> Resolver<'a> {
         if components.is_empty() { self.root.to_owned() } else { format!("{}/{}", self.root, components.join("/")) }
     }
 
+    fn inside(&self, absolute: &str) -> bool {
+        absolute == self.root || absolute.strip_prefix(self.root).is_some_and(|rest| rest.starts_with('/'))
+    }
+
     /// envd's entry of an absolute path (lstat), `None` when it does not exist.
     pub async fn stat(&self, absolute: &str, display: &str) -> Result<Option<Value>> {
         match self.envd.unary("filesystem.Filesystem/Stat", &json!({"path": absolute}), Retry::Idempotent).await {
@@ -130,6 +134,8 @@ impl<'a> Resolver<'a> {
             .collect();
         let mut current: Vec<String> = Vec::new();
         let mut hops = 0;
+        // (link, components still to resolve): seen twice is a loop.
+        let mut visited: HashSet<(String, usize)> = HashSet::new();
         let mut missing = false;
         let mut existing = 0;
         let mut entry = if path.is_root() { self.stat(self.root, &display).await? } else { None };
@@ -167,7 +173,17 @@ impl<'a> Resolver<'a> {
             match &found {
                 Some(info) if is_symlink(info) && (more || follow_last) => {
                     hops += 1;
-                    if hops > MAX_HOPS {
+                    if hops > MAX_HOPS || !visited.insert((absolute.clone(), pending.len())) {
+                        return Err(escape());
+                    }
+                    // envd reports where the link finally leads (or the link itself when it
+                    // leads nowhere): a place outside the root is an escape whatever the
+                    // link says, without reading it.
+                    if let Some(resolved) = info.get("symlinkTarget").and_then(Value::as_str)
+                        && resolved != absolute
+                        && resolved.starts_with('/')
+                        && !self.inside(resolved)
+                    {
                         return Err(escape());
                     }
                     let target = self.read_link(&absolute, &display).await?;

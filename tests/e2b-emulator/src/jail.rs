@@ -174,13 +174,18 @@ fn path_str(path: &Path) -> String {
 /// its pid inside the sandbox. Waits until it exists.
 pub async fn inner_process(nsenter_pid: u32) -> Option<(u32, u32)> {
     for _ in 0..400 {
+        // A process that already ended left nsenter a zombie (reaped by the caller later).
+        let stat = std::fs::read_to_string(format!("/proc/{nsenter_pid}/stat")).ok()?;
+        if stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')) {
+            return None;
+        }
         let children = std::fs::read_to_string(format!("/proc/{nsenter_pid}/task/{nsenter_pid}/children")).ok()?;
         if let Some(child) = children.split_whitespace().next().and_then(|pid| pid.parse::<u32>().ok())
             && let Some(inner) = inner_pid(child)
         {
             return Some((child, inner));
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     None
 }
