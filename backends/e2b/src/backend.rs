@@ -212,6 +212,7 @@ impl Backend for E2bBackend {
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<ByteStream> {
+        self.touch().await;
         files::read_file(&self.envd, &self.root, path).await
     }
 
@@ -229,6 +230,7 @@ impl Backend for E2bBackend {
     }
 
     async fn list_dir(&self, path: &RelPath) -> Result<Vec<FileInfo>> {
+        self.touch().await;
         let display = path.as_fs_str().to_owned();
         let mut resolver = self.resolver();
         let resolved = resolver.resolve(path, Mode::Follow).await?;

@@ -41,6 +41,8 @@ pub struct E2bDriver {
     api: Arc<Api>,
     client: reqwest::Client,
     handles: Mutex<HashMap<String, Arc<E2bBackend>>>,
+    /// One lifecycle change per workspace id at a time in this gateway.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 fn version(text: &str) -> Option<(u64, u64, u64)> {
@@ -71,7 +73,20 @@ impl E2bDriver {
             config.retry_deadline,
             config.list_page_size,
         ));
-        Ok(Self { config: Arc::new(config), api, client, handles: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            config: Arc::new(config),
+            api,
+            client,
+            handles: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock_of(&self, id: &WorkspaceId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|poison| poison.into_inner());
+        // Forget locks nobody holds, so the map stays as small as the ids in flight.
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        locks.entry(id.as_str().to_owned()).or_default().clone()
     }
 
     fn cached(&self, id: &WorkspaceId) -> Option<Arc<E2bBackend>> {
@@ -154,6 +169,8 @@ impl BackendDriver for E2bDriver {
 
     async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef> {
         let id = context.workspace_id;
+        let lock = self.lock_of(id);
+        let _serialised = lock.lock().await;
         let generation = context.placement.generation;
         let mut found = self.lookup(id).await?;
         if context.placement.fresh {
@@ -200,6 +217,8 @@ impl BackendDriver for E2bDriver {
     }
 
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        let lock = self.lock_of(workspace_id);
+        let _serialised = lock.lock().await;
         self.drop_handle(workspace_id);
         for listed in self.lookup(workspace_id).await? {
             if listed.state != "paused" {
@@ -210,6 +229,8 @@ impl BackendDriver for E2bDriver {
     }
 
     async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
+        let lock = self.lock_of(workspace_id);
+        let _serialised = lock.lock().await;
         self.drop_handle(workspace_id);
         for listed in self.lookup(workspace_id).await? {
             self.api.kill(&listed.sandbox_id).await?;
@@ -218,8 +239,13 @@ impl BackendDriver for E2bDriver {
     }
 
     async fn is_running(&self, workspace_id: &WorkspaceId) -> bool {
-        let Some(handle) = self.cached(workspace_id) else { return false };
-        matches!(self.api.state(handle.sandbox_id()).await, Ok(Some(state)) if state == "running")
+        match self.cached(workspace_id) {
+            Some(handle) => matches!(self.api.state(handle.sandbox_id()).await, Ok(Some(state)) if state == "running"),
+            // A restarted gateway knows no handle: ask by metadata.
+            None => {
+                self.lookup(workspace_id).await.is_ok_and(|found| found.iter().any(|listed| listed.state == "running"))
+            }
+        }
     }
 
     fn portable(&self) -> bool {

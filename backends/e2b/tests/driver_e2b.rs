@@ -43,6 +43,9 @@ async fn create_writes_the_metadata() {
     assert_eq!(metadata.get(CLUSTER).map(String::as_str), Some(cluster.as_str()));
     assert!(driver.portable());
     assert!(driver.is_running(&id).await);
+    // A restarted gateway (no handles) finds it by its metadata.
+    assert!(provider.driver(&cluster).is_running(&id).await);
+    assert!(!provider.driver(&prefix()).is_running(&id).await, "another cluster sees it");
     // The workspace root exists and is the exec cwd.
     assert!(exec(&backend, "pwd").await.unwrap().trim_end().ends_with("/workspace"));
     let labelled = driver.list_labelled().await.unwrap();

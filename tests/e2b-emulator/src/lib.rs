@@ -6,7 +6,7 @@
 //! `X-Access-Token`.
 //!
 //! No real E2B can be reached from the test machines, so this stands in for it; the
-//! official Python SDK drives it in `backends/e2b/tests/sdk_validation.rs` to prove it
+//! official Python SDK drives it in this crate's `tests/sdk_validation.rs` to prove it
 //! speaks the published protocol. Each emulated sandbox is a directory (its `/home` and
 //! `/tmp`) and a bubblewrap init holding its own user, pid, mount, network, IPC and UTS
 //! namespaces; every process started through envd enters those namespaces (`nsenter`),

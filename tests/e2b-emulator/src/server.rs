@@ -34,7 +34,8 @@ pub struct EmulatorConfig {
     /// Running sandboxes allowed at once; one more create is refused with 429 (the
     /// concurrency quota).
     pub max_running: Option<usize>,
-    /// When root: each sandbox gets a host uid from here up (mapped to 1000 inside).
+    /// When root: each sandbox gets a host uid from here up (mapped to 1000 inside; 50 per
+    /// emulator before they repeat).
     /// `None` when not root.
     pub host_uid_base: Option<u32>,
     /// Sandbox timeout when a create or connect names none.
@@ -48,7 +49,8 @@ impl EmulatorConfig {
             root: None,
             api_key: api_key.to_owned(),
             max_running: None,
-            host_uid_base: root.then_some(420_000),
+            // A range per emulator, so sandboxes of emulators in parallel tests never share a uid.
+            host_uid_base: root.then(|| 420_000 + (rand::random::<u32>() % 1000) * 50),
             default_timeout: Duration::from_secs(300),
         }
     }

@@ -180,8 +180,7 @@ impl State {
         }
         let id = format!("i{}", random(19));
         let dir = jail::sandbox_dir(&self.config.root, &id);
-        let host_uid =
-            self.config.host_uid_base.map(|base| base + self.next_uid.fetch_add(1, Ordering::Relaxed) % 50_000);
+        let host_uid = self.config.host_uid_base.map(|base| base + self.next_uid.fetch_add(1, Ordering::Relaxed) % 50);
         jail::create_dirs(&dir, host_uid).map_err(|error| ApiError::new(500, format!("{error:#}")))?;
         let vfs = Vfs::open(&dir, self.layout.clone(), host_uid.map(|uid| (uid, uid)))
             .map_err(|error| ApiError::new(500, error.to_string()))?;
