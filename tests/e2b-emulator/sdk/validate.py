@@ -2,16 +2,20 @@
 .ci/requirements/e2b.txt): create with metadata and env, list by metadata with paging,
 commands (exit codes, stdout / stderr, env, cwd, stdin, kill), files (write as multipart and
 as octet-stream, read, list, stat, make_dir, rename, remove), pause and connect (resume,
-files kept), kill. Every step prints "ok <step>"; the last line is "ALL OK". Any mismatch
+files kept), kill, and injected faults (429, 401) reaching the SDK as E2B's errors. Every step prints "ok <step>"; the last line is "ALL OK". Any mismatch
 raises, so the process exits non-zero.
 
 Environment: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (the Rust test sets them).
 """
 
+import json
+import os
 import sys
+import urllib.request
 import uuid
 
 from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState
+from e2b.exceptions import AuthenticationException, RateLimitException
 
 
 def check(condition, what):
@@ -21,6 +25,33 @@ def check(condition, what):
 
 def step(name):
     print(f"ok {name}", flush=True)
+
+
+def knob(method, fault=None):
+    """The emulator's fault knob (POST a fault, DELETE them all)."""
+    body = json.dumps(fault).encode() if fault else None
+    request = urllib.request.Request(f"{os.environ['E2B_API_URL']}/_emulator/faults", data=body, method=method)
+    request.add_header("Content-Type", "application/json")
+    urllib.request.urlopen(request).close()
+
+
+def faults():
+    """Injected faults reach the SDK as E2B's own errors: 429 is rate limiting (retried by
+    the SDK, so a lasting one), 401 an authentication failure."""
+    knob("POST", {"target": "api", "status": 429, "count": 50, "method": "GET", "path_prefix": "/v2/sandboxes"})
+    try:
+        Sandbox.list().next_items()
+        raise AssertionError("a lasting 429 did not raise")
+    except RateLimitException:
+        pass
+    knob("DELETE")
+    knob("POST", {"target": "api", "status": 401, "count": 1, "message": "Invalid API key"})
+    try:
+        Sandbox.list().next_items()
+        raise AssertionError("a 401 did not raise")
+    except AuthenticationException:
+        pass
+    Sandbox.list().next_items()
 
 
 def main():
@@ -116,6 +147,8 @@ def main():
     check(left == [], f"left after kill {left}")
     check(not resumed.is_running(), "is_running after kill")
     step("kill")
+    faults()
+    step("faults")
     print("ALL OK", flush=True)
 
 

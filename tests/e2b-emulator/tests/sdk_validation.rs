@@ -1,7 +1,8 @@
 //! The official E2B Python SDK drives the emulator through create / list by metadata /
-//! connect / commands / files / pause / kill (`sdk/validate.py`): proof that the emulator
-//! speaks the published protocol (connect-rpc with the JSON codec over HTTP/1.1, the
-//! platform API's JSON and paging). Needs the venv of `.ci/venv e2b`; fails loudly without.
+//! connect / commands / files / pause / kill, and injected faults (`sdk/validate.py`):
+//! proof that the emulator speaks the published protocol (connect-rpc with the JSON codec
+//! over HTTP/1.1, the platform API's JSON and paging, E2B's error statuses). Needs the
+//! venv of `.ci/venv e2b`; fails loudly without.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,6 +59,7 @@ async fn official_sdk_flows_pass_against_the_emulator() {
         "list.metadata_paging",
         "pause.connect",
         "kill",
+        "faults",
     ] {
         assert!(stdout.lines().any(|line| line == format!("ok {step}")), "step {step} missing:\n{stdout}");
     }
