@@ -7,7 +7,6 @@ use std::time::Duration;
 use berth_control_plane::keys::Keys;
 use berth_control_plane::lease::ReplicaLease;
 use berth_control_plane::records::{self, Origin, RECORD_VERSION, SessionRecord, StoredState, WorkspaceRecord};
-use berth_control_plane::registry::Registry;
 use berth_control_plane::registry::embedded::EmbeddedRegistry;
 use berth_control_plane::store::{SessionCreated, WorkspaceStore};
 use berth_control_plane::view::ReplicaView;
