@@ -323,8 +323,18 @@ impl Binder {
                 // A placement that keeps the files keeps the origin of the placement that
                 // made them: a RECREATED_EMPTY stays visible however often the workspace
                 // idles and wakes afterwards, until its files are lost (or restored) again.
+                let portable = berth_proto::backends::is_portable(&record.backend);
                 let new_origin = match (record.node_id.as_deref(), &moving_reason) {
                     (None, _) => Some(Origin::Fresh),
+                    // A portable workspace's sandbox is adopted by whichever gateway takes
+                    // it: the files come along, unless the provider no longer had it.
+                    (Some(previous), _) if portable && created => Some(Origin::RecreatedEmpty {
+                        reason: format!(
+                            "the {} provider no longer had its sandbox; made again through {node_id}, empty (was on {previous})",
+                            record.backend
+                        ),
+                    }),
+                    (Some(_), _) if portable => None,
                     // Back on its node, which no longer had a copy (its data directory was
                     // lost, or a destroy half happened): the files are gone, say so.
                     (Some(previous), _) if previous == node_id && created => Some(Origin::RecreatedEmpty {
@@ -375,7 +385,11 @@ impl Binder {
             self.forget_absence(node_id);
             return Ok(None);
         }
+        let portable = berth_proto::backends::is_portable(&record.backend);
         match self.store.node_presence(node_id).await? {
+            // The files are in the provider, not on the gateway: any other gateway adopts
+            // the sandbox at once, no grace needed.
+            NodePresence::Drained | NodePresence::Gone if portable => Ok(None),
             NodePresence::Drained => Ok(Some(format!("its node {node_id} was drained"))),
             // The view lags the registry: wait for it rather than place from it.
             NodePresence::Live => Err(ControlPlaneError::NodeAway {
@@ -440,8 +454,14 @@ impl Binder {
             let generation = base + attempt;
             // Only the node that holds the workspace's files may adopt a copy it finds; on
             // any other node a copy of this id is an orphan (an unrecorded bind, a deleted
-            // workspace) and the workspace starts empty there.
-            let fresh = record.node_id.as_deref() != Some(node.node_id.as_str());
+            // workspace) and the workspace starts empty there. A portable workspace's files
+            // are the provider's sandbox: every gateway adopts it, unless the workspace was
+            // never placed (then a sandbox found under its labels is an orphan).
+            let fresh = if berth_proto::backends::is_portable(&record.backend) {
+                record.node_id.is_none()
+            } else {
+                record.node_id.as_deref() != Some(node.node_id.as_str())
+            };
             let outcome = self.provision_on(&node.node_id, &node.address, record, generation, fresh).await;
             let retryable =
                 matches!(&outcome, Err(ControlPlaneError::ProvisionFailed { code: tonic::Code::Unavailable, .. }));

@@ -55,6 +55,11 @@ pub struct ControlPlaneConfig {
     pub max_workspaces_per_user: u32,
     /// Most execs one user may run at once through this replica; 0 = unlimited.
     pub max_execs_per_user: u32,
+    /// How often the elected sandbox janitor lists the cloud gateways' labelled sandboxes.
+    pub sandbox_janitor_interval: Duration,
+    /// How old a labelled sandbox without a workspace record must be before the janitor
+    /// removes it (`--sandbox-janitor-grace`).
+    pub sandbox_janitor_grace: Duration,
 }
 
 impl ControlPlaneConfig {
@@ -113,6 +118,8 @@ impl ControlPlaneConfig {
             max_message_bytes: 32 * 1024 * 1024,
             max_workspaces_per_user: 0,
             max_execs_per_user: 0,
+            sandbox_janitor_interval: Duration::from_secs(30),
+            sandbox_janitor_grace: Duration::from_secs(600),
         }
     }
 

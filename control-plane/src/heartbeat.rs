@@ -72,7 +72,7 @@ impl NodeService for HeartbeatService {
                 return Err(ControlPlaneError::BadRegistration { reason }.into());
             }
         };
-        validate_register(&register)?;
+        validate_register(&register, self.keys.prefix())?;
         let held = v1::HeartbeatReport { seq: 0, load: None, workspaces: register.workspaces.clone() };
         let (mut session, lease_ttl) = NodeSession::register(self, register).await?;
         // Copies superseded while the node was away are named before `Registered`: the node
@@ -112,7 +112,7 @@ impl NodeService for HeartbeatService {
     }
 }
 
-fn validate_register(register: &v1::Register) -> Result<(), ControlPlaneError> {
+fn validate_register(register: &v1::Register, key_prefix: &str) -> Result<(), ControlPlaneError> {
     let invalid = |reason: String| ControlPlaneError::BadRegistration { reason };
     berth_workspace::validate_id("node id", &register.node_id).map_err(|error| invalid(error.to_string()))?;
     if !(register.address.starts_with("http://") || register.address.starts_with("https://")) {
@@ -120,6 +120,15 @@ fn validate_register(register: &v1::Register) -> Result<(), ControlPlaneError> {
     }
     if register.backends.is_empty() {
         return Err(invalid("a node must offer at least one backend".to_owned()));
+    }
+    // A gateway labels its sandboxes with the cluster's prefix: one of another cluster
+    // would adopt, pause or delete that cluster's sandboxes as its own.
+    let portable = register.backends.iter().any(|backend| berth_proto::backends::is_portable(backend));
+    if portable && register.key_prefix.trim_end_matches('/') != key_prefix {
+        return Err(invalid(format!(
+            "node {} labels sandboxes with key prefix {:?}, this cluster's is {key_prefix:?} (set its --key-prefix)",
+            register.node_id, register.key_prefix
+        )));
     }
     Ok(())
 }

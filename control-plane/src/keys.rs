@@ -13,6 +13,11 @@ impl Keys {
         Self { prefix: prefix.trim_end_matches('/').to_owned() }
     }
 
+    /// The prefix every key starts with (no trailing `/`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn workspaces_prefix(&self) -> String {
         format!("{}/workspaces/", self.prefix)
     }

@@ -22,6 +22,7 @@ pub mod records;
 pub mod registry;
 pub mod registry_metrics;
 pub mod router;
+pub mod sandbox_janitor;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -29,11 +29,13 @@ pub const HEARTBEAT_GAP_SECONDS: &str = "berth_control_plane_heartbeat_gap_secon
 pub const HEARTBEAT_STREAMS: &str = "berth_control_plane_heartbeat_streams";
 pub const ETCD_CALL_SECONDS: &str = "berth_control_plane_etcd_call_duration_seconds";
 pub const ETCD_CALL_ERRORS: &str = "berth_control_plane_etcd_call_errors_total";
+pub const SANDBOXES_REMOVED: &str = "berth_control_plane_janitor_sandboxes_removed_total";
 
 /// Registers help texts (once per process; harmless without a recorder).
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(BINDS_STARTED, "binds started on this replica (single-flight leaders)");
+    describe_counter!(SANDBOXES_REMOVED, "labelled cloud sandboxes without a workspace record the janitor removed");
     describe_counter!(BINDS_WON, "binds that took the cluster-wide bind lock");
     describe_counter!(BINDS_WAITED, "binds that found the lock held and waited for its holder");
     describe_counter!(BINDS_TAKEN_OVER, "binds that took the lock after its previous holder vanished without a result");
@@ -63,6 +65,10 @@ pub(crate) fn bind_waited() {
 }
 pub(crate) fn bind_taken_over() {
     counter!(BINDS_TAKEN_OVER).increment(1);
+}
+
+pub(crate) fn sandbox_removed(backend: &str) {
+    counter!(SANDBOXES_REMOVED, "backend" => backend.to_owned()).increment(1);
 }
 
 pub(crate) fn provision_done(backend: &str, ok: bool, elapsed: Duration) {

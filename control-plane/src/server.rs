@@ -92,6 +92,16 @@ pub async fn serve(
     let sessions = Sessions::new(binder, Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config);
     tokio::spawn(Sweeper::new(Arc::clone(&store), Arc::clone(&nodes), &config).run(tasks.clone()));
     tokio::spawn(crate::lock_janitor::LockJanitor::new(Arc::clone(&store)).run(tasks.clone()));
+    tokio::spawn(
+        crate::sandbox_janitor::SandboxJanitor::new(
+            Arc::clone(&store),
+            Arc::clone(&nodes),
+            config.sandbox_janitor_interval,
+            config.sandbox_janitor_grace,
+            config.node_call_timeout,
+        )
+        .run(tasks.clone()),
+    );
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<WorkspaceServiceServer<WorkspaceApi>>().await;

@@ -126,6 +126,25 @@ impl WorkspaceStore {
         self.view.node_holds_workspaces(node_id)
     }
 
+    /// Every node live in the view.
+    pub fn live_nodes(&self) -> Vec<Arc<NodeRecord>> {
+        self.view.live_nodes()
+    }
+
+    /// Whether `workspace_id` has a record or a bind lock (a bind in flight), both read in
+    /// one transaction: two reads could miss a bind that commits its record (and deletes its
+    /// lock) between them.
+    pub async fn record_or_lock_exists(&self, workspace_id: &WorkspaceId) -> Result<bool> {
+        let response =
+            self.registry
+                .txn(Txn::new().and_then([
+                    TxnOp::get(self.keys.workspace(workspace_id)),
+                    TxnOp::get(self.keys.lock(workspace_id)),
+                ]))
+                .await?;
+        Ok(response.responses.iter().any(|response| matches!(response, TxnOpResponse::Get(Some(_)))))
+    }
+
     /// A live node's record.
     pub fn node(&self, node_id: &str) -> Option<Arc<NodeRecord>> {
         self.view.node(node_id)

@@ -62,6 +62,8 @@ pub struct NodeAgentConfig {
     /// Settings of the `bubblewrap` driver (used when it is offered), e.g. the range of
     /// host uids its workspaces get (`--sandbox-uid-range`).
     pub bubblewrap: BubblewrapConfig,
+    /// Cloud backends (a gateway): the cluster's key prefix and each provider's settings.
+    pub cloud: crate::cloud::CloudConfig,
 }
 
 /// Default of [`NodeAgentConfig::exec_output_budget_bytes`]: two unary execs at the
@@ -95,6 +97,7 @@ impl NodeAgentConfig {
             exec_output_budget_bytes: DEFAULT_EXEC_OUTPUT_BUDGET_BYTES,
             sandbox_allow_cidrs: Vec::new(),
             bubblewrap: BubblewrapConfig::default(),
+            cloud: crate::cloud::CloudConfig::default(),
         }
     }
 

@@ -11,8 +11,8 @@ use berth_workspace::{BackendDriverRef, WorkspaceError};
 
 use crate::config::NodeAgentConfig;
 
-/// Backend names this build knows.
-pub const KNOWN_BACKENDS: &[&str] = &["local", "bubblewrap", "docker"];
+/// Backend names this build knows (host backends; the cloud ones are in `cloud.rs`).
+pub const KNOWN_BACKENDS: &[&str] = &["local", "bubblewrap", "docker", berth_backend_e2b::BACKEND_NAME];
 
 /// Builds the drivers named in the config; an unknown name is a configuration error.
 pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDriverRef>, WorkspaceError> {
@@ -39,6 +39,9 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
                 };
                 Arc::new(DockerDriver::connect(docker).await?)
             }
+            other if crate::cloud::CLOUD_BACKENDS.contains(&other) => {
+                crate::cloud::driver(other, &config.cloud).unwrap_or_else(|| unreachable_cloud(other))?
+            }
             other => {
                 return Err(WorkspaceError::UnknownBackend {
                     name: other.to_owned(),
@@ -49,4 +52,8 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
         drivers.insert(name.clone(), driver);
     }
     Ok(drivers)
+}
+
+fn unreachable_cloud(name: &str) -> Result<BackendDriverRef, WorkspaceError> {
+    Err(WorkspaceError::UnknownBackend { name: name.to_owned(), offered: KNOWN_BACKENDS.join(", ") })
 }

@@ -173,6 +173,7 @@ impl Heartbeater {
             node_generation,
             capacity_workspaces: self.config.capacity_workspaces,
             workspaces: self.workspaces.all().iter().map(|entry| local_workspace(entry, 0)).collect(),
+            key_prefix: self.config.cloud.key_prefix.clone(),
         };
         let register_sent = Instant::now();
         outbound

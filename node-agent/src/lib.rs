@@ -1,10 +1,11 @@
 //! Berth node agent: hosts local / bubblewrap / Docker workspaces under a data directory,
-//! serves `NodeAgentService` (lifecycle) and the data plane of the public services
+//! or, as a gateway, drives cloud sandboxes (E2B, …) that hold their own data; serves `NodeAgentService` (lifecycle) and the data plane of the public services
 //! (`WorkspaceService`, `ContractService`) to replicas, and heartbeats to the control plane.
 //!
 //! Entry point: [`server::serve`].
 
 pub mod auth;
+pub mod cloud;
 pub mod config;
 pub mod contract;
 pub mod data_plane;

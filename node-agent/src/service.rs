@@ -107,6 +107,39 @@ impl NodeAgentService for NodeAgentApi {
         Ok(Response::new(v1::RestoreQuarantineResponse { workspace_id: id.to_string(), path }))
     }
 
+    async fn list_labelled(
+        &self,
+        request: Request<v1::ListLabelledRequest>,
+    ) -> Result<Response<v1::ListLabelledResponse>, Status> {
+        let found = self.workspaces().list_labelled(&request.get_ref().backend).await?;
+        let sandboxes = found
+            .into_iter()
+            .map(|sandbox| v1::LabelledSandbox {
+                provider_id: sandbox.provider_id,
+                workspace_id: sandbox.workspace_id.map(|id| id.to_string()).unwrap_or_default(),
+                generation: sandbox.generation,
+                created_at_unix_ms: sandbox.created_at_ms,
+            })
+            .collect();
+        Ok(Response::new(v1::ListLabelledResponse { sandboxes }))
+    }
+
+    async fn remove_labelled(
+        &self,
+        request: Request<v1::RemoveLabelledRequest>,
+    ) -> Result<Response<v1::RemoveLabelledResponse>, Status> {
+        let request = request.into_inner();
+        let sandbox = request.sandbox.unwrap_or_default();
+        let labelled = berth_workspace::LabelledSandbox {
+            provider_id: sandbox.provider_id,
+            workspace_id: WorkspaceId::new(sandbox.workspace_id).ok(),
+            generation: sandbox.generation,
+            created_at_ms: sandbox.created_at_unix_ms,
+        };
+        self.workspaces().remove_labelled(&request.backend, &labelled).await?;
+        Ok(Response::new(v1::RemoveLabelledResponse {}))
+    }
+
     async fn list_local(
         &self,
         _request: Request<v1::ListLocalRequest>,

@@ -190,6 +190,29 @@ impl Workspaces {
             .ok_or_else(|| WorkspaceError::UnknownBackend { name: name.to_owned(), offered: self.offered().join(", ") })
     }
 
+    /// The sandboxes at `backend`'s provider carrying this cluster's labels (a portable
+    /// backend this node offers; none for host backends).
+    pub async fn list_labelled(&self, backend: &str) -> Result<Vec<berth_workspace::LabelledSandbox>, NodeError> {
+        Ok(self.driver(backend)?.list_labelled().await?)
+    }
+
+    /// Deletes one labelled sandbox at `backend`'s provider — unless this node holds that
+    /// workspace (a janitor working from a record it had not yet seen must not remove it).
+    pub async fn remove_labelled(
+        &self,
+        backend: &str,
+        sandbox: &berth_workspace::LabelledSandbox,
+    ) -> Result<(), NodeError> {
+        if let Some(id) = &sandbox.workspace_id
+            && self.get(id).is_some_and(|entry| entry.generation >= sandbox.generation)
+        {
+            return Err(NodeError::Workspace(WorkspaceError::AlreadyExists {
+                path: format!("workspace {id} is held here"),
+            }));
+        }
+        Ok(self.driver(backend)?.remove_labelled(sandbox).await?)
+    }
+
     pub fn offered(&self) -> Vec<String> {
         let mut names: Vec<String> = self.drivers.keys().cloned().collect();
         names.sort();
@@ -341,16 +364,24 @@ impl Workspaces {
             }
         }
         let root = self.root_of(id);
-        tokio::fs::create_dir_all(&root).await.map_err(|source| WorkspaceError::Io {
-            op: "create",
-            path: id.to_string(),
-            source,
-        })?;
+        // A portable driver's files live in the provider's sandbox, never under the root.
+        if !driver.portable() {
+            tokio::fs::create_dir_all(&root).await.map_err(|source| WorkspaceError::Io {
+                op: "create",
+                path: id.to_string(),
+                source,
+            })?;
+        }
         let placement = Placement { generation, owner, fresh };
         let context = ProvisionContext { workspace_id: id, root: &root, spec, placement };
-        let handle = driver.provision(context).await?;
+        let (handle, adopted) = driver.provision_reporting(context).await?;
         berth_workspace::layout::ensure(handle.as_ref()).await?;
-        let created = self.get(id).is_none();
+        // A portable driver knows whether the provider still had the sandbox; for host
+        // drivers the data is this node's own directory, known by its entry.
+        let created = match adopted {
+            Some(adopted) => !adopted,
+            None => self.get(id).is_none(),
+        };
         self.write_meta(id, generation, &backend_name, spec, owner, true).await?;
         self.insert(Entry {
             id: id.clone(),
@@ -462,7 +493,20 @@ impl Workspaces {
     async fn quarantine_locked(&self, existing: &Entry, reason: QuarantineReason) -> Result<(), NodeError> {
         let id = &existing.id;
         self.raise_floor(id, existing.generation).await?;
-        self.driver(&existing.backend_name)?.destroy(id).await?;
+        let driver = self.driver(&existing.backend_name)?;
+        if driver.portable() {
+            // Nothing is on this node: the sandbox belongs to the newer placement (another
+            // gateway adopted it, or a fresh one replaced it there). Drop the handle only.
+            driver.forget(id).await?;
+            self.remove_meta(id).await?;
+            self.remove(id);
+            tracing::info!(ws_id = %id, generation = existing.generation, ?reason, "forgot a superseded portable copy");
+            for hook in self.hooks() {
+                hook.destroyed(id).await;
+            }
+            return Ok(());
+        }
+        driver.destroy(id).await?;
         self.remove_meta(id).await?;
         self.remove(id);
         let root = self.root_of(id);

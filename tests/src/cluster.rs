@@ -250,7 +250,10 @@ impl Cluster {
             Some(proxies) => proxies.iter().map(Proxy::url).collect::<Vec<_>>().join(","),
             None => self.replica_endpoints().join(","),
         };
-        start_node_agent(&id, &control_planes, &data_dir, &self.config.node_flags, &self.config.log_filter)
+        // Gateways label cloud sandboxes with the cluster's key prefix and must name it.
+        let mut flags = vec!["--key-prefix".to_owned(), self.prefix.clone()];
+        flags.extend(self.config.node_flags.iter().cloned());
+        start_node_agent(&id, &control_planes, &data_dir, &flags, &self.config.log_filter)
             .await
             .with_context(|| format!("node {index}"))
     }

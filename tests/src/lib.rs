@@ -2,6 +2,7 @@
 //! agents, started and killed by PID; and the compose cluster of `deploy/compose/`.
 
 pub mod berth;
+pub mod cloud;
 pub mod cluster;
 pub mod compose;
 pub mod etcd;

@@ -71,6 +71,15 @@ pub trait BackendDriver: Send + Sync {
 
     async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef>;
 
+    /// [`provision`](Self::provision), also saying whether the workspace's data already
+    /// existed (`Some(true)`: an existing sandbox was adopted; `Some(false)`: one was made,
+    /// empty). Host drivers answer `None`: their data is a directory the node agent owns and
+    /// accounts for itself. Portable drivers override this; the node reports a sandbox made
+    /// empty for a workspace that had one, so the workspace says its files were lost.
+    async fn provision_reporting(&self, context: ProvisionContext<'_>) -> Result<(BackendRef, Option<bool>)> {
+        Ok((self.provision(context).await?, None))
+    }
+
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()>;
 
     async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()>;

@@ -168,6 +168,10 @@ impl BackendDriver for E2bDriver {
     }
 
     async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef> {
+        Ok(self.provision_reporting(context).await?.0)
+    }
+
+    async fn provision_reporting(&self, context: ProvisionContext<'_>) -> Result<(BackendRef, Option<bool>)> {
         let id = context.workspace_id;
         let lock = self.lock_of(id);
         let _serialised = lock.lock().await;
@@ -190,6 +194,7 @@ impl BackendDriver for E2bDriver {
             Some(listed) => self.adopt(id, listed, generation).await?,
             None => None,
         };
+        let was_adopted = adopted.is_some();
         let envd = match adopted {
             Some(envd) => envd,
             None => self.create(&context).await?,
@@ -213,7 +218,7 @@ impl BackendDriver for E2bDriver {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .insert(id.as_str().to_owned(), backend.clone());
-        Ok(backend)
+        Ok((backend, Some(was_adopted)))
     }
 
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {

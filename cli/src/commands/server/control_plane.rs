@@ -11,6 +11,7 @@ use berth_control_plane::{ControlPlaneConfig, IsolationPolicy};
 use berth_proto::auth::Secret;
 use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::{Args, ValueEnum};
+use tokio_util::sync::CancellationToken;
 
 use super::flags::{default_id, parse_duration, shutdown_on_signal, split_list};
 
@@ -45,6 +46,8 @@ pub struct ControlPlaneArgs {
     pub config: super::flags::ConfigFlag,
     #[command(flatten)]
     pub common: ReplicaFlags,
+    #[command(flatten)]
+    pub gateway: super::gateway::GatewayFlags,
     #[command(flatten)]
     pub telemetry: crate::telemetry::TelemetryFlags,
 }
@@ -132,6 +135,13 @@ pub struct ReplicaFlags {
     /// refused with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 0)]
     pub max_execs_per_user: u32,
+    /// How old a cloud sandbox carrying this cluster's labels but no workspace record must
+    /// be before the elected janitor removes it.
+    #[arg(long, env = "BERTH_SANDBOX_JANITOR_GRACE", default_value = "10m", value_parser = parse_duration)]
+    pub sandbox_janitor_grace: Duration,
+    /// How often the elected janitor looks at the cloud providers' labelled sandboxes.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub sandbox_janitor_interval: Duration,
 }
 
 impl ReplicaFlags {
@@ -184,6 +194,8 @@ impl ReplicaFlags {
         config.lost_node_grace = self.lost_node_grace;
         config.view_max_staleness = self.view_max_staleness;
         config.provision_timeout = self.bind_timeout.mul_f64(0.75);
+        config.sandbox_janitor_grace = self.sandbox_janitor_grace;
+        config.sandbox_janitor_interval = self.sandbox_janitor_interval;
         Ok(())
     }
 }
@@ -209,10 +221,22 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
         .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let own_endpoint = format!("{scheme}://{}", listener.local_addr()?);
+    let gateway =
+        args.gateway.prepare(&config.replica_id, &config.key_prefix, config.node_secret.as_ref(), own_endpoint).await?;
     let shutdown = shutdown_on_signal();
     if let Some(listen) = &args.telemetry.metrics_listen {
         crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
     }
-    berth_control_plane::serve(listener, config, registry, shutdown).await.context("control plane")?;
+    // The gateway stops after the replica, so calls the replica forwarded to it finish.
+    let gateway_shutdown = CancellationToken::new();
+    let gateway_task = gateway.map(|gateway| gateway.spawn(gateway_shutdown.clone()));
+    let served = berth_control_plane::serve(listener, config, registry, shutdown).await;
+    gateway_shutdown.cancel();
+    if let Some(task) = gateway_task {
+        task.await.context("embedded gateway task")??;
+    }
+    served.context("control plane")?;
     Ok(0)
 }

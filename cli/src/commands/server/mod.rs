@@ -2,8 +2,10 @@
 //! parses its flags into the library configs, calls the library `serve` functions and
 //! shuts down cleanly on Ctrl-C / SIGTERM.
 
+mod cloud;
 mod control_plane;
 mod flags;
+mod gateway;
 mod node_agent;
 mod up;
 

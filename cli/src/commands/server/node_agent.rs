@@ -49,6 +49,10 @@ pub struct NodeAgentArgs {
     /// CA (PEM) that signed https:// control planes' certificates (heartbeats).
     #[arg(long, env = "BERTH_CONTROL_PLANE_CA_CERT")]
     pub control_plane_ca_cert: Option<PathBuf>,
+    /// The cluster's registry key prefix (the replicas' --key-prefix): cloud backends label
+    /// their sandboxes with it, and replicas refuse a gateway whose prefix is not theirs.
+    #[arg(long, env = "BERTH_KEY_PREFIX", default_value = "/berth")]
+    pub key_prefix: String,
     #[command(flatten)]
     pub config: super::flags::ConfigFlag,
     #[command(flatten)]
@@ -133,6 +137,8 @@ pub struct NodeFlags {
     /// Most entries of one skill or tree archive.
     #[arg(long, default_value_t = 10_000)]
     pub tree_max_files: u64,
+    #[command(flatten)]
+    pub cloud: super::cloud::CloudFlags,
 }
 
 /// Operator defaults (`--default-*`, used when a request says 0) and ceilings
@@ -238,6 +244,7 @@ impl NodeFlags {
 pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     let mut config = NodeAgentConfig::new(args.node_id.unwrap_or_else(|| default_id("node")), args.data_dir);
     args.common.apply(&mut config)?;
+    config.cloud = args.common.cloud.config(&args.key_prefix);
     config.control_planes = split_list(&args.control_planes).into_iter().map(|url| with_scheme(&url)).collect();
     config.advertise_address = args.advertise.unwrap_or_default();
     config.node_secret =

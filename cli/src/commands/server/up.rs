@@ -56,6 +56,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let node_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("listening for the node agent")?;
     let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));
     args.node.apply(&mut node)?;
+    node.cloud = args.node.cloud.config(&replica.key_prefix);
     // With --auth none the only caller is the local operator (loopback only, checked
     // above), who owns this host anyway: `local` stays the out-of-the-box dev loop. With
     // real authentication, offering it is the operator's explicit decision again.

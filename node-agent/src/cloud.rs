@@ -1,0 +1,45 @@
+//! The cloud backends a node agent can offer as a *gateway*: it holds no workspace data,
+//! drives a provider's API and serves the workspace contract through the provider's
+//! in-sandbox API (docs/design.md §4.7). Each provider's settings come from its own flags;
+//! credentials only from files.
+
+use berth_workspace::{BackendDriverRef, WorkspaceError};
+
+pub use berth_backend_e2b::E2bConfig;
+
+/// Settings of the cloud backends this node may offer.
+#[derive(Clone, Debug)]
+pub struct CloudConfig {
+    /// The cluster's key prefix (the replicas' `--key-prefix`), written to every sandbox's
+    /// labels so two clusters sharing a provider account never touch each other's sandboxes.
+    /// A replica refuses a node whose prefix is not its own.
+    pub key_prefix: String,
+    /// `--backend e2b`: E2B (`--e2b-*` flags).
+    pub e2b: Option<berth_backend_e2b::E2bConfig>,
+}
+
+impl Default for CloudConfig {
+    fn default() -> Self {
+        Self { key_prefix: "/berth".to_owned(), e2b: None }
+    }
+}
+
+/// Cloud backend names this build knows.
+pub const CLOUD_BACKENDS: &[&str] = &[berth_backend_e2b::BACKEND_NAME];
+
+/// The driver of cloud backend `name`, or `None` when `name` is not a cloud backend.
+pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRef, WorkspaceError>> {
+    let missing = |flag: &str| {
+        Err(WorkspaceError::BackendUnavailable { backend: "cloud", reason: format!("--backend {name} needs {flag}") })
+    };
+    match name {
+        berth_backend_e2b::BACKEND_NAME => Some(match &config.e2b {
+            None => missing("--e2b-api-key-file"),
+            Some(e2b) => {
+                let e2b = berth_backend_e2b::E2bConfig { cluster_prefix: config.key_prefix.clone(), ..e2b.clone() };
+                berth_backend_e2b::E2bDriver::new(e2b).map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
+            }
+        }),
+        _ => None,
+    }
+}

@@ -1,0 +1,106 @@
+//! Cloud providers for the gateway tests (`tests/cloud_gateways.rs`): each one starts the
+//! provider (an emulator where no real service can run here), tells node agents how to reach
+//! it, and answers what the provider holds — the ground truth the tests count, never the
+//! replicas' answers.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use berth_workspace::driver::BackendDriver;
+use berth_workspace::{Placement, ProvisionContext, WorkspaceId, WorkspaceSpec};
+
+/// One provider a cluster's gateways drive.
+#[async_trait]
+pub trait CloudProvider: Send + Sync {
+    /// The backend name node agents offer it as (`--backend NAME`).
+    fn backend(&self) -> &'static str;
+    /// Node-agent flags reaching this provider (credentials from files).
+    fn node_flags(&self) -> Vec<String>;
+    /// Sandboxes labelled with cluster `key_prefix` and workspace `workspace_id`.
+    async fn sandboxes_of(&self, key_prefix: &str, workspace_id: &str) -> Vec<String>;
+    /// Whether the provider holds the sandbox paused / stopped / scaled to zero.
+    async fn is_paused(&self, sandbox: &str) -> bool;
+    /// Makes a sandbox labelled for cluster `key_prefix` and `workspace_id` behind Berth's
+    /// back (the provider's own API, as a stray script or a lost bind would).
+    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()>;
+}
+
+/// E2B, through its emulator (`tests/e2b-emulator`); its sandboxes run under bubblewrap.
+pub struct E2bProvider {
+    pub emulator: berth_e2b_emulator::Emulator,
+    key_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+const E2B_KEY: &str = "e2b-emulated-key-0123456789";
+
+impl E2bProvider {
+    pub async fn start() -> anyhow::Result<Self> {
+        let emulator =
+            berth_e2b_emulator::Emulator::start(berth_e2b_emulator::EmulatorConfig::for_test(E2B_KEY)).await?;
+        let dir = tempfile::Builder::new().prefix("berth-e2b-key-").tempdir()?;
+        let key_file = dir.path().join("e2b.key");
+        std::fs::write(&key_file, E2B_KEY)?;
+        Ok(Self { emulator, key_file, _dir: dir })
+    }
+
+    fn driver(&self, key_prefix: &str) -> anyhow::Result<berth_backend_e2b::E2bDriver> {
+        let config = berth_backend_e2b::E2bConfig {
+            api_url: self.emulator.api_url.clone(),
+            sandbox_url: Some(self.emulator.sandbox_url.clone()),
+            ..berth_backend_e2b::E2bConfig::new(&self.key_file, key_prefix)
+        };
+        Ok(berth_backend_e2b::E2bDriver::new(config)?)
+    }
+}
+
+#[async_trait]
+impl CloudProvider for E2bProvider {
+    fn backend(&self) -> &'static str {
+        berth_backend_e2b::BACKEND_NAME
+    }
+
+    fn node_flags(&self) -> Vec<String> {
+        [
+            "--backend",
+            "e2b",
+            "--e2b-api-key-file",
+            &self.key_file.display().to_string(),
+            "--e2b-api-url",
+            &self.emulator.api_url,
+            "--e2b-sandbox-url",
+            &self.emulator.sandbox_url,
+        ]
+        .iter()
+        .map(|flag| (*flag).to_owned())
+        .collect()
+    }
+
+    async fn sandboxes_of(&self, key_prefix: &str, workspace_id: &str) -> Vec<String> {
+        let prefix = key_prefix.trim_end_matches('/');
+        self.emulator
+            .sandbox_ids()
+            .into_iter()
+            .filter(|id| {
+                self.emulator.metadata(id).is_some_and(|metadata| {
+                    metadata.get(berth_backend_e2b::CLUSTER).map(String::as_str) == Some(prefix)
+                        && metadata.get(berth_backend_e2b::WORKSPACE_ID).map(String::as_str) == Some(workspace_id)
+                })
+            })
+            .collect()
+    }
+
+    async fn is_paused(&self, sandbox: &str) -> bool {
+        self.emulator.is_paused(sandbox).await == Some(true)
+    }
+
+    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
+        let driver = self.driver(key_prefix)?;
+        let id = WorkspaceId::new(workspace_id)?;
+        let root = std::env::temp_dir();
+        let spec = WorkspaceSpec::default();
+        let placement = Placement { generation: 1, owner: "stray", fresh: true };
+        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
+        Ok(())
+    }
+}
