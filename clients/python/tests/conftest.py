@@ -61,7 +61,7 @@ secret = "{TOKENS['admin']}"
 admin = true
 """
     )
-    server = harness.BerthUp(["--auth", "token", "--tokens-file", str(tokens)], token=TOKENS["admin"])
+    server = harness.BerthUp(["--auth", "token", "--tokens-file", str(tokens), "--allow-unsandboxed"], token=TOKENS["admin"])
     yield server
     server.stop()
 

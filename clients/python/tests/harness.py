@@ -116,10 +116,10 @@ def _kill_leftovers() -> None:
 def _wait_listed(endpoint: str, process: Process, token: str | None, nodes: int, timeout: float = 30.0) -> None:
     client = berth.Client(endpoint, token=token, timeout=2.0)
     try:
-        ok = wait_until(timeout, lambda: process.running() and len(client.list_nodes()) >= nodes, interval=0.1)
+        ok = wait_until(timeout, lambda: not process.running() or len(client.list_nodes()) >= nodes, interval=0.1)
     finally:
         client.close()
-    if not ok:
+    if not ok or not process.running():
         raise AssertionError(f"{process.name} did not serve with {nodes} node(s) on {endpoint}; log:\n{process.tail()}")
 
 
