@@ -90,6 +90,7 @@ class BerthWorkspaceManager(WorkspaceManagerBase):
         # (workspace id, user) -> (workspace, last use); a workspace handle acts for its user.
         self._cache: dict[tuple[str, str], tuple[BerthWorkspace, float]] = {}
         self._lock = asyncio.Lock()
+        self._building: dict[tuple[str, str], asyncio.Future[BerthWorkspace]] = {}
 
     @property
     def client(self) -> berth.aio.Client:
@@ -112,7 +113,9 @@ class BerthWorkspaceManager(WorkspaceManagerBase):
         self._policy_checked = True
 
     async def _bind(self, user_id: str, agent_id: str, session_id: str, workspace_id: str | None) -> berth.Session:
-        session = berth_id(session_id, "as") if session_id else None
+        # Berth session ids are global; AgentScope's are only unique for their user / agent.
+        key = f"{user_id}\0{agent_id}\0{session_id}".encode()
+        session = f"as-{hashlib.blake2b(key, digest_size=16).hexdigest()}" if session_id else None
         return await self._for_user(user_id).create_session(
             user=user_id,
             agent=berth_id(agent_id, "agent"),
@@ -155,7 +158,23 @@ class BerthWorkspaceManager(WorkspaceManagerBase):
             await handle.close()
         if cached is not None:
             return cached[0]
-        if not known:
+        # One handle per (workspace, user) however many first requests race in this process.
+        async with self._lock:
+            building = self._building.get(key)
+            if building is None:
+                building = asyncio.ensure_future(self._open(key, user_id, agent_id, session_id, joined=known))
+                self._building[key] = building
+        try:
+            return await asyncio.shield(building)
+        finally:
+            if building.done():
+                async with self._lock:
+                    if self._building.get(key) is building:
+                        del self._building[key]
+
+    async def _open(self, key: tuple[str, str], user_id: str, agent_id: str, session_id: str, *, joined: bool) -> BerthWorkspace:
+        workspace_id = key[0]
+        if not joined:
             # Joins the workspace (authorized for this user) and makes sure it is READY.
             await self._bind(user_id, agent_id, session_id, workspace_id)
         workspace = BerthWorkspace(
@@ -167,9 +186,6 @@ class BerthWorkspaceManager(WorkspaceManagerBase):
         )
         await workspace.initialize()
         async with self._lock:
-            existing = self._cache.get(key)
-            if existing is not None:
-                return existing[0]
             self._cache[key] = (workspace, time.monotonic())
         return workspace
 
