@@ -169,7 +169,8 @@ def markdown(rows: list[dict], info: dict) -> str:
         f"Run {info['time']} on: {info['machine']['cpu']} ({info['machine']['cores']} cores), "
         f"kernel {info['machine']['kernel']}, Python {info['machine']['python']}, "
         f"AgentScope {info['machine']['agentscope']}, commit {info['machine']['commit']}"
-        + (" (dirty)" if info["machine"]["dirty"] else ""),
+        + (" (dirty)" if info["machine"]["dirty"] else "")
+        + f", berth binary {Path(info['berth_bin']).parent.name}",
         "",
         "| scenario | manager | params | p50 | p99 | max | throughput | workspaces |",
         "|---|---|---|---:|---:|---:|---:|---:|",
@@ -246,7 +247,12 @@ def main() -> int:
             rows.extend(asyncio.run(run_subject(subject, sizes, only, run)))
         finally:
             subject.close()
-    info = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(), "sizes": sizes}
+    info = {
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "sizes": sizes,
+        "berth_bin": berth_bin or os.environ.get("BERTH_BIN") or str(managers.REPO / "target" / "debug" / "berth"),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "python-workspaces-quick" if args.quick else "python-workspaces"

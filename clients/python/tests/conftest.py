@@ -3,9 +3,15 @@ per test session and killed by PID at its end."""
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
+
+# openhands-sdk imports LiteLLM, which fetches a model price list from the internet at
+# import unless told to use its bundled copy: the tests reach nothing beyond loopback.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 
 import pytest
 
