@@ -209,7 +209,7 @@ async def run_subject(subject: managers.Subject, sizes: dict, only: list[str], r
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (CI): storm 50, distinct 5, execs 30, io 10")
+    parser.add_argument("--quick", action="store_true", help="small sizes (CI): storm 50, distinct 3, execs 20, io 5")
     parser.add_argument("--storm", type=int, help="first-session storm size (default 1000)")
     parser.add_argument("--distinct", type=int, help="distinct first sessions (default 20)")
     parser.add_argument("--execs", type=int, help="sequential execs (default 200)")
@@ -220,7 +220,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(managers.REPO / "bench" / "results"))
     args = parser.parse_args()
 
-    defaults = {"storm": 50, "distinct": 5, "execs": 30, "io": 10} if args.quick else {
+    defaults = {"storm": 50, "distinct": 3, "execs": 20, "io": 5} if args.quick else {
         "storm": 1000, "distinct": 20, "execs": 200, "io": 50}  # fmt: skip
     sizes = {key: getattr(args, key) or value for key, value in defaults.items()}
     berth_bin = args.berth_bin

@@ -29,7 +29,7 @@ from berth.v1 import workspace_pb2_grpc
 from . import _convert as conv
 from . import _trees
 from . import _types as t
-from ._errors import BerthError, from_rpc_error
+from ._errors import BerthError, NotFoundError, from_rpc_error
 from ._transport import (
     DEFAULT_TIMEOUT,
     Deadline,
@@ -195,11 +195,14 @@ class Client:
         call, first = self._attempts(method, timeout, True, attempt)
         if first is None:
             return
-        yield first
         try:
+            yield first
             yield from call
         except grpc.RpcError as rpc_error:
             raise from_rpc_error(rpc_error) from None
+        finally:
+            # A consumer that stops early (or fails) ends the call instead of leaving it open.
+            call.cancel()
 
     def _client_stream(
         self,
@@ -370,8 +373,6 @@ class Client:
         return conv.file_info(self._unary("workspace", "Stat", types_pb2.StatRequest(workspace_id=workspace_id, path=path)))
 
     def exists(self, workspace_id: str, path: str) -> bool:
-        from ._errors import NotFoundError
-
         try:
             self.stat(workspace_id, path)
         except NotFoundError:
