@@ -113,8 +113,10 @@ def _kill_leftovers() -> None:
         process.stop()
 
 
-def _wait_listed(endpoint: str, process: Process, token: str | None, nodes: int, timeout: float = 30.0) -> None:
-    client = berth.Client(endpoint, token=token, timeout=2.0)
+def _wait_listed(
+    endpoint: str, process: Process, token: str | None, nodes: int, timeout: float = 30.0, ca_cert: str | None = None
+) -> None:
+    client = berth.Client(endpoint, token=token, timeout=2.0, ca_cert=ca_cert)
     try:
         ok = wait_until(timeout, lambda: not process.running() or len(client.list_nodes()) >= nodes, interval=0.1)
     finally:
@@ -126,14 +128,16 @@ def _wait_listed(endpoint: str, process: Process, token: str | None, nodes: int,
 class BerthUp:
     """``berth up`` on a free port with its own data dir."""
 
-    def __init__(self, extra: Iterable[str] = (), *, token: str | None = None) -> None:
+    def __init__(
+        self, extra: Iterable[str] = (), *, token: str | None = None, scheme: str = "http", ca_cert: str | None = None
+    ) -> None:
         self.data_dir = Path(tempfile.mkdtemp(prefix="berth-py-up-data-"))
         self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{scheme}://127.0.0.1:{self.port}"
         argv = [berth_binary(), "up", "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}", *extra]
         self.process = Process("up", argv, {"RUST_LOG": "info"})
         # An admin token (or none) lists nodes: the node agent registered a moment after serving.
-        _wait_listed(self.endpoint, self.process, token, 1)
+        _wait_listed(self.endpoint, self.process, token, 1, ca_cert=ca_cert)
 
     def stop(self) -> None:
         self.process.stop()
