@@ -182,12 +182,15 @@ class Etcd:
 class Cluster:
     """R ``berth control-plane`` replicas and N ``berth node-agent``s on one etcd."""
 
-    def __init__(self, etcd: Etcd, replicas: int = 3, nodes: int = 1, isolation: str = "per-agent") -> None:
+    def __init__(
+        self, etcd: Etcd, replicas: int = 3, nodes: int = 1, isolation: str = "per-agent", lost_node_grace: str = "0s"
+    ) -> None:
         self.prefix = f"/berth-py-{os.getpid()}-{free_port()}"
         self.replicas: list[Process] = []
         self.endpoints: list[str] = []
         self.nodes: list[Process] = []
         self.node_dirs: list[Path] = []
+        self.node_argv: list[list[str]] = []
         for index in range(replicas):
             port = free_port()
             argv = [
@@ -198,7 +201,7 @@ class Cluster:
                 "--replica-lease-ttl", "3s",
                 "--node-lease-ttl", "3s",
                 "--heartbeat-interval", "500ms",
-                "--lost-node-grace", "0s",
+                "--lost-node-grace", lost_node_grace,
                 "--isolation", isolation,
                 "--listen", f"127.0.0.1:{port}",
             ]  # fmt: skip
@@ -217,6 +220,7 @@ class Cluster:
             ]  # fmt: skip
             self.nodes.append(Process(f"node-{index}", argv, {"RUST_LOG": "info"}))
             self.node_dirs.append(data_dir)
+            self.node_argv.append(argv)
         for endpoint, replica in zip(self.endpoints, self.replicas):
             _wait_listed(endpoint, replica, None, nodes)
         # Listed is not yet serving: wait until a workspace can be made and used.
@@ -227,6 +231,11 @@ class Cluster:
             probe.close()
         if not ok:
             raise AssertionError("the cluster never served a session:\n" + self.logs())
+
+    def restart_node(self, index: int) -> None:
+        """Starts node ``index`` again (after a kill) with its id and data directory."""
+        self.nodes[index].stop()
+        self.nodes[index] = Process(f"node-{index}", self.node_argv[index], {"RUST_LOG": "info"})
 
     def workspace_dirs(self) -> list[str]:
         """Workspace directories on the nodes' disks (the ground truth)."""

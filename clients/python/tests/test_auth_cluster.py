@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -109,6 +110,42 @@ def test_failover_when_a_replica_is_killed(etcd):
             assert failed.value.code.name in {"UNAVAILABLE", "CANCELLED", "UNKNOWN", "INTERNAL"}
             assert time.monotonic() - started < 30
             assert client.read_file(workspace, "runs.log") == b"ran\n"
+    finally:
+        own.stop()
+
+
+def test_a_call_the_server_marks_retryable_is_retried(etcd):
+    # With a lost-node grace, once the node's lease is gone the replica answers UNAVAILABLE
+    # marked retryable ("node away"): the client repeats the exec until the node is back.
+    own = harness.Cluster(etcd, replicas=1, nodes=1, lost_node_grace="60s")
+    try:
+        with berth.Client(own.endpoints, timeout=10, retry=berth.RetryPolicy(max_attempts=1)) as once:
+            session = once.create_session(user=unique("away"), agent="coder")
+            once.write_file(session.workspace_id, "kept.txt", b"still here")
+            own.nodes[0].kill()
+
+            def marked_away() -> bool:
+                try:
+                    once.exec(session.workspace_id, ["true"])
+                except berth.UnavailableError as error:
+                    return error.retryable
+                return False
+
+            # Until the node's lease expires the replica answers an unmarked UNAVAILABLE
+            # (reported: a node connect failure never reached the node, yet is not marked).
+            assert harness.wait_until(20, marked_away, 0.2), own.logs()
+        retrying = berth.RetryPolicy(max_attempts=200, initial_backoff=0.05, max_backoff=0.5)
+        with berth.Client(own.endpoints, timeout=45, retry=retrying) as client:
+            restart = threading.Timer(1.0, own.restart_node, [0])
+            started = time.monotonic()
+            restart.start()
+            try:
+                result = client.exec(session.workspace_id, ["cat", "kept.txt"])
+            finally:
+                restart.join()
+            # It answered only after the node came back: the retryable answers were repeated.
+            assert time.monotonic() - started > 1.0
+            assert result.stdout == b"still here"
     finally:
         own.stop()
 
