@@ -163,8 +163,6 @@ _NOT_SENT_MARKERS = (
     "dns resolution failed",
     "name resolution",
     "no route to host",
-    "channel is closed",
-    "unavailable: endpoint",
 )
 
 
