@@ -157,6 +157,8 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "kernel": platform.release(),
         "python": platform.python_version(),
+        # Other work on the machine skews every row: record it.
+        "load_average_1m_5m_15m": list(os.getloadavg()),
         "agentscope": agentscope.__version__,
         "bwrap": read(["bwrap", "--version"]),
         "commit": read(["git", "-C", str(managers.REPO), "rev-parse", "--short=12", "HEAD"]),
@@ -167,7 +169,8 @@ def machine() -> dict:
 def markdown(rows: list[dict], info: dict) -> str:
     lines = [
         f"Run {info['time']} on: {info['machine']['cpu']} ({info['machine']['cores']} cores), "
-        f"kernel {info['machine']['kernel']}, Python {info['machine']['python']}, "
+        f"kernel {info['machine']['kernel']}, load average {info['machine']['load_average_1m_5m_15m'][0]:.1f}, "
+        f"Python {info['machine']['python']}, "
         f"AgentScope {info['machine']['agentscope']}, commit {info['machine']['commit']}"
         + (" (dirty)" if info["machine"]["dirty"] else "")
         + f", berth binary {Path(info['berth_bin']).parent.name}",
