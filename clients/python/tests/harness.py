@@ -136,8 +136,12 @@ class BerthUp:
         self.endpoint = f"{scheme}://127.0.0.1:{self.port}"
         argv = [berth_binary(), "up", "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}", *extra]
         self.process = Process("up", argv, {"RUST_LOG": "info"})
-        # An admin token (or none) lists nodes: the node agent registered a moment after serving.
-        _wait_listed(self.endpoint, self.process, token, 1, ca_cert=ca_cert)
+        try:
+            # An admin token (or none) lists nodes: the node agent registers a moment after serving.
+            _wait_listed(self.endpoint, self.process, token, 1, ca_cert=ca_cert)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.process.stop()
@@ -172,7 +176,9 @@ class Etcd:
                 return b'"true"' in response.read()
 
         if not wait_until(20, healthy, 0.1):
-            raise AssertionError(f"etcd did not become healthy; log:\n{self.process.tail()}")
+            tail = self.process.tail()
+            self.stop()
+            raise AssertionError(f"etcd did not become healthy; log:\n{tail}")
 
     def stop(self) -> None:
         self.process.stop()
@@ -221,16 +227,20 @@ class Cluster:
             self.nodes.append(Process(f"node-{index}", argv, {"RUST_LOG": "info"}))
             self.node_dirs.append(data_dir)
             self.node_argv.append(argv)
-        for endpoint, replica in zip(self.endpoints, self.replicas):
-            _wait_listed(endpoint, replica, None, nodes)
-        # Listed is not yet serving: wait until a workspace can be made and used.
-        probe = berth.Client(self.endpoints, timeout=5)
         try:
-            ok = wait_until(30, lambda: probe.create_session(user="probe", agent="probe").workspace_id != "", 0.2)
-        finally:
-            probe.close()
-        if not ok:
-            raise AssertionError("the cluster never served a session:\n" + self.logs())
+            for endpoint, replica in zip(self.endpoints, self.replicas):
+                _wait_listed(endpoint, replica, None, nodes)
+            # Listed is not yet serving: wait until a workspace can be made and used.
+            probe = berth.Client(self.endpoints, timeout=5)
+            try:
+                ok = wait_until(30, lambda: probe.create_session(user="probe", agent="probe").workspace_id != "", 0.2)
+            finally:
+                probe.close()
+            if not ok:
+                raise AssertionError("the cluster never served a session:\n" + self.logs())
+        except BaseException:
+            self.stop()
+            raise
 
     def restart_node(self, index: int) -> None:
         """Starts node ``index`` again (after a kill) with its id and data directory."""
