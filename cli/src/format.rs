@@ -90,6 +90,11 @@ pub fn workspace_state_name(value: i32) -> String {
         .map_or_else(|_| unknown(value), |state| short_name(state.as_str_name(), "WORKSPACE_STATE_"))
 }
 
+pub fn workspace_origin_name(value: i32) -> String {
+    berth_proto::v1::WorkspaceOrigin::try_from(value)
+        .map_or_else(|_| unknown(value), |origin| short_name(origin.as_str_name(), "WORKSPACE_ORIGIN_"))
+}
+
 pub fn file_kind_name(value: i32) -> String {
     FileKind::try_from(value).map_or_else(|_| unknown(value), |kind| short_name(kind.as_str_name(), "FILE_KIND_"))
 }

@@ -239,6 +239,7 @@ mod tests {
             changed_by: String::new(),
             shared_with: shared.iter().map(|user| (*user).to_owned()).collect(),
             origin: Default::default(),
+            origin_generation: 0,
         }
     }
 

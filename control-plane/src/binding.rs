@@ -57,11 +57,13 @@ pub struct BindRequest {
     /// A generation a node denied holding: a READY record at this generation is treated
     /// as not ready, so the workspace is provisioned again.
     pub replace_generation: Option<u64>,
+    /// Skip the view: the caller found the cached record wrong (e.g. deleted meanwhile).
+    pub linearizable: bool,
 }
 
 impl BindRequest {
     pub fn existing(workspace_id: WorkspaceId) -> Self {
-        Self { workspace_id, create: None, replace_generation: None }
+        Self { workspace_id, create: None, replace_generation: None, linearizable: false }
     }
 }
 
@@ -124,7 +126,8 @@ impl Binder {
 
     /// Returns the workspace READY on a live node, binding it if needed.
     pub async fn ensure_ready(self: &Arc<Self>, request: BindRequest) -> Result<Arc<WorkspaceRecord>> {
-        if let Some(record) = self.store.cached_ready(&request.workspace_id)
+        if !request.linearizable
+            && let Some(record) = self.store.cached_ready(&request.workspace_id)
             && Some(record.generation) != request.replace_generation
         {
             return Ok(record);
@@ -297,6 +300,7 @@ impl Binder {
                 changed_by: String::new(),
                 shared_with: Vec::new(),
                 origin: Default::default(),
+                origin_generation: 0,
             },
             (None, None) => {
                 self.store.release_lock(workspace_id, fence).await;
@@ -315,17 +319,33 @@ impl Binder {
         record.updated_at_ms = now_ms();
         record.changed_by = self.store.replica_id().to_owned();
         let outcome = match provisioned {
-            Ok(backend) => {
-                record.origin = match (record.node_id.as_deref(), &moving_reason) {
-                    (None, _) => Origin::Fresh,
-                    (Some(previous), _) if previous == node_id => Origin::Resumed,
-                    (Some(previous), Some(reason)) => Origin::RecreatedEmpty {
+            Ok(Provisioned { backend, created }) => {
+                // A placement that keeps the files keeps the origin of the placement that
+                // made them: a RECREATED_EMPTY stays visible however often the workspace
+                // idles and wakes afterwards, until its files are lost (or restored) again.
+                let new_origin = match (record.node_id.as_deref(), &moving_reason) {
+                    (None, _) => Some(Origin::Fresh),
+                    // Back on its node, which no longer had a copy (its data directory was
+                    // lost, or a destroy half happened): the files are gone, say so.
+                    (Some(previous), _) if previous == node_id && created => Some(Origin::RecreatedEmpty {
+                        reason: format!("its node {node_id} no longer held its files; made again there, empty"),
+                    }),
+                    (Some(previous), _) if previous == node_id => None,
+                    (Some(previous), Some(reason)) => Some(Origin::RecreatedEmpty {
                         reason: format!("{reason}; placed again on {node_id}, empty (its files stay on {previous})"),
-                    },
-                    (Some(previous), None) => Origin::RecreatedEmpty {
+                    }),
+                    (Some(previous), None) => Some(Origin::RecreatedEmpty {
                         reason: format!("placed again on {node_id}, empty (its files stay on {previous})"),
-                    },
+                    }),
                 };
+                match new_origin {
+                    Some(origin) => {
+                        record.origin = origin;
+                        record.origin_generation = generation;
+                    }
+                    None if record.origin == Origin::Unknown => record.origin = Origin::Resumed,
+                    None => {}
+                }
                 record.state = StoredState::Ready;
                 record.node_id = Some(node_id);
                 record.backend = backend;
@@ -403,7 +423,7 @@ impl Binder {
         record: &WorkspaceRecord,
         any_backend: bool,
         fence: LockFence,
-    ) -> Result<(String, u64, Result<String>)> {
+    ) -> Result<(String, u64, Result<Provisioned>)> {
         let base = placement_base(record.generation, fence);
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 1;
@@ -435,7 +455,8 @@ impl Binder {
         }
     }
 
-    /// Calls Provision on the node; returns the backend it used.
+    /// Calls Provision on the node; returns the backend it used and whether the node made
+    /// the workspace anew (it held no copy).
     async fn provision_on(
         &self,
         node_id: &str,
@@ -443,7 +464,7 @@ impl Binder {
         record: &WorkspaceRecord,
         generation: u64,
         fresh: bool,
-    ) -> Result<String> {
+    ) -> Result<Provisioned> {
         let mut client = self.nodes.get(address)?;
         let message = v1::ProvisionRequest {
             workspace_id: record.id.to_string(),
@@ -463,7 +484,10 @@ impl Binder {
         };
         metrics::provision_done(backend_label, outcome.is_ok(), started.elapsed());
         match outcome {
-            Ok(response) => Ok(response.into_inner().backend),
+            Ok(response) => {
+                let response = response.into_inner();
+                Ok(Provisioned { backend: response.backend, created: response.created })
+            }
             Err(status) if ErrorKind::of(&status) == Some(ErrorKind::StaleGeneration) => {
                 Err(ControlPlaneError::BindSuperseded {
                     workspace_id: record.id.to_string(),
@@ -478,6 +502,13 @@ impl Binder {
             }),
         }
     }
+}
+
+/// What a node answered to a Provision.
+struct Provisioned {
+    backend: String,
+    /// The node held no copy of the workspace and made it empty.
+    created: bool,
 }
 
 /// Provision attempts per bind (each at the next generation).

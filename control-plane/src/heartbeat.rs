@@ -168,8 +168,12 @@ impl NodeSession {
             Some((lease, ttl)) => (lease, ttl, register.node_generation),
             None => {
                 let lease = registry.grant_lease(service.config.node_lease_ttl).await.map_err(registry_status)?;
+                // Above every generation this node had: the view forgets a node with its lease
+                // and a restarted node forgets its own, but the store's revision only grows
+                // (and grew with the node's last record write).
+                let revision = registry.txn(Txn::new()).await.map_err(registry_status)?.revision.max(0) as u64;
                 let previous = service.view.node(&register.node_id).map(|record| record.node_generation).unwrap_or(0);
-                (lease, service.config.node_lease_ttl, previous.max(register.node_generation) + 1)
+                (lease, service.config.node_lease_ttl, previous.max(register.node_generation).max(revision) + 1)
             }
         };
         let record = NodeRecord {
@@ -454,6 +458,7 @@ mod tests {
             changed_by: String::new(),
             shared_with: Vec::new(),
             origin: Default::default(),
+            origin_generation: 0,
         }
     }
 

@@ -10,6 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::registry::{LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
 
+/// How long a starting replica keeps trying to get its lease from a registry that answers
+/// retryable errors before it gives up.
+pub const START_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Keeps one lease alive; grants a new one (and re-attaches the replica record) if the
 /// registry lost it. Holders of locks on the old lease find out through their fencing
 /// compares, never by being told.
@@ -20,7 +24,10 @@ pub struct ReplicaLease {
 
 impl ReplicaLease {
     /// Grants the lease, writes `record_key = record` on it, and keeps it alive until
-    /// `cancel` fires.
+    /// `cancel` fires. While the registry answers retryable errors (an etcd member just
+    /// died, a leader election) it tries again with a backoff for up to
+    /// [`START_PATIENCE`]: a grant that may have landed only leaves a lease that expires
+    /// unused.
     pub async fn start(
         registry: RegistryRef,
         ttl: Duration,
@@ -28,8 +35,24 @@ impl ReplicaLease {
         record: Bytes,
         cancel: CancellationToken,
     ) -> crate::registry::Result<Arc<Self>> {
-        let lease = registry.grant_lease(ttl).await?;
-        registry.txn(Txn::new().and_then([TxnOp::put_with_lease(&record_key, record.clone(), lease)])).await?;
+        let started = tokio::time::Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        let lease = loop {
+            let attempt = async {
+                let lease = registry.grant_lease(ttl).await?;
+                registry.txn(Txn::new().and_then([TxnOp::put_with_lease(&record_key, record.clone(), lease)])).await?;
+                Ok::<_, RegistryError>(lease)
+            };
+            match attempt.await {
+                Ok(lease) => break lease,
+                Err(error) if error.is_retryable() && started.elapsed() < START_PATIENCE && !cancel.is_cancelled() => {
+                    tracing::warn!(%error, "granting the replica lease failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(error) => return Err(error),
+            }
+        };
         let (sender, current) = watch::channel(lease);
         let keeper = Keeper { registry: Arc::clone(&registry), ttl, record_key, record, sender };
         tokio::spawn(keeper.run(cancel));

@@ -61,9 +61,13 @@ pub struct WorkspaceRecord {
     /// Principals the owner shared this workspace with.
     #[serde(default)]
     pub shared_with: Vec<String>,
-    /// How the copy at `generation` came to be (set by the bind that placed it).
+    /// How the files at `generation` came to be: set by the placement that made them fresh,
+    /// empty again or restored; kept by placements that carry the files over.
     #[serde(default)]
     pub origin: Origin,
+    /// The generation of that placement (0 in records older than it).
+    #[serde(default)]
+    pub origin_generation: u64,
 }
 
 /// How a workspace's current copy came to be; every Workspace answer carries it, so a
@@ -76,7 +80,8 @@ pub enum Origin {
     Unknown,
     /// Made empty for an id that had no workspace.
     Fresh,
-    /// Its files were kept: woken where it slept, or never moved.
+    /// Its files were kept; what a record written before origins gets at its next
+    /// placement (placements that keep files otherwise keep the origin they had).
     Resumed,
     /// Its files came back from a snapshot.
     Restored { snapshot_id: String, taken_at_ms: i64 },

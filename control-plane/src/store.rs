@@ -22,7 +22,7 @@ use crate::error::{ControlPlaneError, Result};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
 use crate::records::{self, NodeRecord, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord, WorkspaceUse};
-use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
+use crate::registry::{self, Compare, CompareOp, CompareTarget, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
 use crate::view::{EffectiveState, ReplicaView};
 
 pub type WorkspaceStoreRef = Arc<WorkspaceStore>;
@@ -56,6 +56,16 @@ pub struct HeldLock {
 pub enum Lock {
     Ours(LockFence),
     Held(HeldLock),
+}
+
+/// What creating a session found.
+#[derive(Debug)]
+pub enum SessionCreated {
+    Created,
+    /// A session of that id exists (idempotent when it is the same binding).
+    Exists(SessionRecord),
+    /// The workspace's record is gone (deleted since the caller read it).
+    WorkspaceGone,
 }
 
 /// How waiting for a lock holder ended.
@@ -193,14 +203,14 @@ impl WorkspaceStore {
     }
 
     /// Deletes the record and its lock in one transaction, only if we still hold the lock.
-    /// With a tombstone (a copy may survive on a node that was away), it is written in the
-    /// same transaction.
+    /// With a tombstone (a copy may survive on a node), it is written in the same
+    /// transaction. Returns the transaction's revision (the tombstone's mod revision).
     pub async fn delete_fenced(
         &self,
         workspace_id: &WorkspaceId,
         fence: LockFence,
         tombstone: Option<&TombstoneRecord>,
-    ) -> Result<()> {
+    ) -> Result<i64> {
         let mut changes = vec![TxnOp::delete(self.keys.workspace(workspace_id))];
         if let Some(tombstone) = tombstone {
             changes.push(TxnOp::put(self.keys.tombstone(workspace_id.as_str()), records::encode(tombstone)));
@@ -208,11 +218,21 @@ impl WorkspaceStore {
         self.fenced_all(workspace_id, fence, changes).await
     }
 
-    async fn fenced(&self, workspace_id: &WorkspaceId, fence: LockFence, change: TxnOp) -> Result<()> {
-        self.fenced_all(workspace_id, fence, vec![change]).await
+    /// Deletes a tombstone once its node confirmed the copy gone, if it is still the one
+    /// written at `revision` (a later delete of the same id wrote its own).
+    pub async fn delete_tombstone(&self, workspace_id: &WorkspaceId, revision: i64) -> Result<()> {
+        let key = self.keys.tombstone(workspace_id.as_str());
+        self.registry
+            .txn(Txn::new().when([Compare::mod_revision(&key, revision)]).and_then([TxnOp::delete(&key)]))
+            .await?;
+        Ok(())
     }
 
-    async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, mut changes: Vec<TxnOp>) -> Result<()> {
+    async fn fenced(&self, workspace_id: &WorkspaceId, fence: LockFence, change: TxnOp) -> Result<()> {
+        self.fenced_all(workspace_id, fence, vec![change]).await.map(|_| ())
+    }
+
+    async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, mut changes: Vec<TxnOp>) -> Result<i64> {
         let lock_key = self.keys.lock(workspace_id);
         changes.push(TxnOp::delete(&lock_key));
         let response = self
@@ -222,7 +242,7 @@ impl WorkspaceStore {
         if !response.succeeded {
             return Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() });
         }
-        Ok(())
+        Ok(response.revision)
     }
 
     /// A linearizable read of a node's key and drain key: whether the node is live, drained,
@@ -376,12 +396,30 @@ impl WorkspaceStore {
 
     // ---- sessions ------------------------------------------------------------------
 
-    /// Creates the session if its id is free; returns the existing one otherwise.
-    pub async fn create_session(&self, session: &SessionRecord) -> Result<Option<SessionRecord>> {
+    /// Creates the session if its id is free and its workspace's record still exists (in
+    /// the same transaction: a record read from the view may have been deleted by another
+    /// replica meanwhile, and a session must never be handed out for a workspace that is
+    /// gone); otherwise says which of the two stood in the way.
+    pub async fn create_session(&self, session: &SessionRecord) -> Result<SessionCreated> {
         let key = self.keys.session(&session.session_id);
-        match self.registry.create_if_absent(&key, records::encode(session), 0).await? {
-            Ok(_) => Ok(None),
-            Err(existing) => Ok(Some(records::decode(&key, &existing.value)?)),
+        let workspace_key = self.keys.workspace(&session.workspace_id);
+        let workspace_exists =
+            Compare { key: workspace_key.clone(), op: CompareOp::NotEqual, target: CompareTarget::CreateRevision(0) };
+        let response = self
+            .registry
+            .txn(
+                Txn::new()
+                    .when([Compare::absent(&key), workspace_exists])
+                    .and_then([TxnOp::put(&key, records::encode(session))])
+                    .or_else([TxnOp::get(&key)]),
+            )
+            .await?;
+        if response.succeeded {
+            return Ok(SessionCreated::Created);
+        }
+        match response.first_get() {
+            Some(existing) => Ok(SessionCreated::Exists(records::decode(&key, &existing.value)?)),
+            None => Ok(SessionCreated::WorkspaceGone),
         }
     }
 

@@ -32,6 +32,8 @@ pub struct NodeAgentConfig {
     pub docker_image: String,
     /// Test hook: every Provision waits this long first (widens the bind window).
     pub debug_provision_delay: Duration,
+    /// Test hook: every Destroy waits this long after removing the files, before it answers.
+    pub debug_destroy_delay: Duration,
     /// How long quarantined copies are kept.
     pub quarantine_retention: Duration,
     /// MCP, skills and tree settings (client pool cap and idle timeout, `.mcp` defaults,
@@ -81,6 +83,7 @@ impl NodeAgentConfig {
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             docker_image: berth_backend_docker::DEFAULT_IMAGE.to_owned(),
             debug_provision_delay: Duration::ZERO,
+            debug_destroy_delay: Duration::ZERO,
             quarantine_retention: Duration::from_secs(7 * 24 * 3600),
             contract: crate::contract::ContractConfig::default(),
             node_secret: None,

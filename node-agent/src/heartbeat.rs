@@ -54,10 +54,13 @@ struct LeaseState {
 
 impl LeaseState {
     /// A keep-alive of a report (or registration) sent at `sent_at` succeeded and etcd
-    /// answered `ttl`: the lease lives at least until `sent_at + ttl`.
-    fn renewed(&mut self, sent_at: Instant, ttl: Duration) {
+    /// answered `ttl`: the lease lives at least until `sent_at + ttl`. Returns the new
+    /// fencing deadline.
+    fn renewed(&mut self, sent_at: Instant, ttl: Duration) -> Instant {
         let fence_at = sent_at + ttl.saturating_sub(fence_margin(ttl));
-        self.fence_at = Some(self.fence_at.map_or(fence_at, |earlier| earlier.max(fence_at)));
+        let fence_at = self.fence_at.map_or(fence_at, |earlier| earlier.max(fence_at));
+        self.fence_at = Some(fence_at);
+        fence_at
     }
 }
 
@@ -204,7 +207,8 @@ impl Heartbeater {
             let mut lease = self.lease();
             lease.lease_id = registered.lease_id;
             lease.node_generation = registered.node_generation;
-            lease.renewed(register_sent, registered_ttl);
+            let serve_until = lease.renewed(register_sent, registered_ttl);
+            self.fence.serve_until(Some(serve_until));
         }
         if self.fence.lift() {
             tracing::info!(node_id = %self.config.node_id, node_generation = registered.node_generation, "registered again; serving");
@@ -252,7 +256,8 @@ impl Heartbeater {
                                     0 => registered_ttl,
                                     ms => Duration::from_millis(ms),
                                 };
-                                self.lease().renewed(sent_at, ttl);
+                                let serve_until = self.lease().renewed(sent_at, ttl);
+                                self.fence.serve_until(Some(serve_until));
                                 *acknowledged = true;
                             }
                         }
@@ -280,6 +285,7 @@ impl Heartbeater {
         let mut lease = self.lease();
         lease.lease_id = 0;
         lease.fence_at = None;
+        self.fence.serve_until(None);
     }
 
     fn report(&self, seq: u64) -> v1::HeartbeatReport {
@@ -340,6 +346,8 @@ async fn watchdog(lease: Arc<Mutex<LeaseState>>, fence: Arc<Fence>, cancel: Canc
         if expiring {
             state.fence_at = None;
             drop(state);
+            // The deadline already fences every caller; the flag keeps it fenced until a
+            // registration, whatever a late renewal does to the deadline.
             if fence.fence() {
                 tracing::warn!(
                     "lease about to expire without an acknowledged heartbeat: fenced until registered again"

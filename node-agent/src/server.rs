@@ -59,6 +59,7 @@ pub async fn serve(
         config.default_backend().to_owned(),
         config.debug_provision_delay,
     ));
+    workspaces.set_debug_destroy_delay(config.debug_destroy_delay);
     // One budget for everything buffered on its way back: unary exec output, MCP results.
     let output_budget = OutputBudget::new(config.exec_output_budget_bytes);
     let contract =

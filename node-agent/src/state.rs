@@ -79,6 +79,7 @@ pub struct Workspaces {
     /// Serialises lifecycle changes (provision / release / destroy) per workspace.
     lifecycle: Mutex<HashMap<WorkspaceId, Arc<tokio::sync::Mutex<()>>>>,
     debug_provision_delay: Duration,
+    debug_destroy_delay: std::sync::atomic::AtomicU64,
     hooks: RwLock<Vec<Arc<dyn LifecycleHook>>>,
     /// Per workspace without a copy here, the newest generation this node saw before its
     /// copy went away (`state/<id>.floor`): a provision at or below it is a stale placement.
@@ -105,6 +106,7 @@ impl Workspaces {
             entries: RwLock::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
             debug_provision_delay,
+            debug_destroy_delay: std::sync::atomic::AtomicU64::new(0),
             hooks: RwLock::new(Vec::new()),
             floors: RwLock::new(HashMap::new()),
             quarantine: Quarantine::new(data_dir_quarantine(&data_dir)),
@@ -116,6 +118,11 @@ impl Workspaces {
     /// workspace of the same id).
     pub fn quarantine(&self) -> &Quarantine {
         &self.quarantine
+    }
+
+    /// Test hook: every delete waits this long after removing the files, before it returns.
+    pub fn set_debug_destroy_delay(&self, delay: Duration) {
+        self.debug_destroy_delay.store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Registers a hook for every later lifecycle change.
@@ -429,6 +436,10 @@ impl Workspaces {
         .map_err(|error| WorkspaceError::Backend { backend: "node", message: error.to_string() })??;
         for hook in self.hooks() {
             hook.destroyed(id).await;
+        }
+        let delay = self.debug_destroy_delay.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         Ok(removed || existing.is_some())
     }

@@ -100,7 +100,19 @@ impl BerthProcess {
     /// Starts `berth <args> --listen 127.0.0.1:<free port>` without waiting for it to serve
     /// (for callers that time the start-up themselves; see [`BerthProcess::wait_serving`]).
     pub fn spawn(name: &str, args: Vec<String>, log_filter: &str) -> anyhow::Result<Self> {
-        let port = free_port()?;
+        Self::spawn_on(name, args, log_filter, free_port()?)
+    }
+
+    /// Starts `berth <args> --listen 127.0.0.1:<port>` on a given port (a restarted process
+    /// taking its predecessor's place, so proxies and peers that name the port reach it) and
+    /// waits until it serves.
+    pub async fn start_on(name: &str, args: Vec<String>, log_filter: &str, port: u16) -> anyhow::Result<Self> {
+        let started = Self::spawn_on(name, args, log_filter, port)?;
+        started.wait_serving().await?;
+        Ok(started)
+    }
+
+    fn spawn_on(name: &str, args: Vec<String>, log_filter: &str, port: u16) -> anyhow::Result<Self> {
         let mut all = args;
         all.push("--listen".into());
         all.push(format!("127.0.0.1:{port}"));
@@ -194,6 +206,11 @@ impl BerthProcess {
 
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// The port of [`BerthProcess::endpoint`].
+    pub fn port(&self) -> u16 {
+        self.endpoint.rsplit(':').next().and_then(|port| port.parse().ok()).unwrap_or(0)
     }
 
     pub fn kill(&self) {

@@ -276,6 +276,30 @@ impl Cluster {
         Ok(())
     }
 
+    /// Restarts replica `index` (after a kill) on the port it had, so nodes and proxies that
+    /// name that port reach the new process.
+    pub async fn restart_replica_in_place(&mut self, index: usize) -> anyhow::Result<()> {
+        let port = self.replicas[index].server.port();
+        self.replicas[index].server.kill();
+        let mut args = self.replica_args(index);
+        if let Some(metrics_port) = self.replicas[index].metrics_port {
+            args.extend(["--metrics-listen".to_owned(), format!("127.0.0.1:{metrics_port}")]);
+        }
+        let name = format!("replica-{index}");
+        let server = BerthProcess::start_on(&name, args, &self.config.log_filter, port)
+            .await
+            .with_context(|| format!("replica {index} again on port {port}"))?;
+        self.replicas[index].server = server;
+        Ok(())
+    }
+
+    /// Sets every proxy between node `node` and the replicas to `mode`.
+    pub fn set_node_replicas(&self, node: usize, mode: ProxyMode) {
+        for proxy in &self.node_replica_proxies[node] {
+            proxy.set_mode(mode);
+        }
+    }
+
     /// The replica with this id.
     pub fn replica(&self, id: &str) -> Option<&Replica> {
         self.replicas.iter().find(|replica| replica.id == id)
@@ -381,6 +405,24 @@ impl Cluster {
             found.extend(workspace_dirs_in(&node.data_dir).into_iter().map(|name| (node.id.clone(), name)));
         }
         found
+    }
+
+    /// Keeps every process's log and every node's data directory on disk (a failed check
+    /// wants them read), and says where they are.
+    pub fn keep_for_inspection(&mut self) -> String {
+        self.data_root.disable_cleanup(true);
+        let mut kept = format!("node data directories kept under {}\n", self.data_root.path().display());
+        for replica in &self.replicas {
+            kept.push_str(&format!(
+                "{} log: {}\n",
+                replica.id,
+                replica.server.process.keep_dir().join("log.txt").display()
+            ));
+        }
+        for node in &self.nodes {
+            kept.push_str(&format!("{} log: {}\n", node.id, node.server.process.keep_dir().join("log.txt").display()));
+        }
+        kept
     }
 
     /// The tails of every process log, for failure messages.

@@ -5,6 +5,7 @@ pub mod berth;
 pub mod cluster;
 pub mod compose;
 pub mod etcd;
+pub mod nemesis;
 pub mod observe;
 pub mod process;
 pub mod proxy;

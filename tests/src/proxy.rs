@@ -73,6 +73,15 @@ impl Proxy {
         *self.mode.borrow()
     }
 
+    /// Stops listening for good and closes every connection: clients get "connection
+    /// refused", as from a host whose process died (a listening proxy in front of a dead
+    /// upstream would instead accept and then drop every connection, which a client cannot
+    /// tell from a request lost mid-way).
+    pub fn close(&self) {
+        self.mode.send_replace(ProxyMode::Reset);
+        self.task.abort();
+    }
+
     /// Connections accepted so far.
     pub fn connections(&self) -> u64 {
         self.connections.load(Ordering::Relaxed)

@@ -57,7 +57,10 @@ async fn an_idle_workspace_on_a_full_node_wakes_there_with_its_files() {
     assert_eq!(read.as_deref().ok(), Some(&b"mine"[..]), "the woken workspace lost its file: {read:?}");
     let woken = replica.get_workspace(&workspace_id).await.expect("get");
     assert_eq!(woken.node_id, placed.node_id, "woken away from its files");
-    assert_eq!(woken.origin(), v1::WorkspaceOrigin::Resumed, "{woken:?}");
+    // Woken with its files: still the files the fresh placement made.
+    assert!(woken.generation > placed.generation, "not placed again: {woken:?}");
+    assert_eq!(woken.origin(), v1::WorkspaceOrigin::Fresh, "{woken:?}");
+    assert_eq!(woken.origin_generation, placed.origin_generation, "{woken:?}");
 }
 
 /// Finding 1 (node briefly gone): while the node holding a workspace is not live, the

@@ -65,6 +65,7 @@ async fn a_workspace_its_node_has_not_reported_is_idled_only_a_ttl_after_first_s
         changed_by: "test".into(),
         shared_with: Vec::new(),
         origin: Origin::Fresh,
+        origin_generation: 1,
     };
     let planted_at = Instant::now();
     registry.put(&cluster.keys().workspace(&workspace_id), records::encode(&record)).await.expect("plant");

@@ -119,6 +119,7 @@ fn record(index: usize, now: i64) -> anyhow::Result<WorkspaceRecord> {
         changed_by: "replica-bench".into(),
         shared_with: Vec::new(),
         origin: Default::default(),
+        origin_generation: 0,
     })
 }
 

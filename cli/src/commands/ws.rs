@@ -11,7 +11,7 @@ use clap::Subcommand;
 use serde::Serialize;
 
 use crate::client::{RpcResultExt, connect};
-use crate::format::{policy_name, rfc3339_opt, rfc3339_seconds_cell, workspace_state_name};
+use crate::format::{policy_name, rfc3339_opt, rfc3339_seconds_cell, workspace_origin_name, workspace_state_name};
 use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
@@ -75,6 +75,13 @@ pub struct WorkspaceView {
     pub failure: String,
     pub spec: Option<SpecView>,
     pub shared_with: Vec<String>,
+    /// How the files came to be: fresh, recreated_empty, restored (or resumed / unspecified
+    /// for records older than origins).
+    pub origin: String,
+    pub origin_reason: String,
+    pub origin_generation: u64,
+    pub origin_snapshot_id: String,
+    pub origin_snapshot_time: Option<String>,
 }
 
 /// JSON form of a workspace spec; maps sorted so output is stable between runs.
@@ -125,6 +132,11 @@ impl From<&Workspace> for WorkspaceView {
             failure: workspace.failure.clone(),
             spec: workspace.spec.as_ref().map(SpecView::from),
             shared_with: workspace.shared_with.clone(),
+            origin: workspace_origin_name(workspace.origin),
+            origin_reason: workspace.origin_reason.clone(),
+            origin_generation: workspace.origin_generation,
+            origin_snapshot_id: workspace.origin_snapshot_id.clone(),
+            origin_snapshot_time: rfc3339_opt(workspace.origin_snapshot_time.as_ref()),
         }
     }
 }
@@ -164,6 +176,14 @@ fn workspace_detail_table(workspace: &Workspace) -> Table {
     field("state", view.state);
     field("node", cell(&view.node_id));
     field("generation", view.generation.to_string());
+    field("origin", format!("{} (since generation {})", view.origin, view.origin_generation));
+    if !view.origin_reason.is_empty() {
+        field("origin reason", view.origin_reason);
+    }
+    if !view.origin_snapshot_id.is_empty() {
+        let taken = view.origin_snapshot_time.unwrap_or_else(|| "-".into());
+        field("origin snapshot", format!("{} taken {taken}", view.origin_snapshot_id));
+    }
     field("created", rfc3339_seconds_cell(workspace.created_at.as_ref()));
     field("updated", rfc3339_seconds_cell(workspace.updated_at.as_ref()));
     if !view.failure.is_empty() {

@@ -15,7 +15,7 @@ use crate::error::ControlPlaneError;
 use crate::node_client::{NodeClients, node_request};
 use crate::policy::{IsolationPolicy, assign_workspace_id};
 use crate::records::{Origin, RECORD_VERSION, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord, now_ms};
-use crate::store::{LockFence, WorkspaceStoreRef};
+use crate::store::{LockFence, SessionCreated, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
 // ShareWorkspace / UnshareWorkspace: more `impl Sessions`.
@@ -96,25 +96,35 @@ impl Sessions {
         };
         let any_backend = caller.principal().may_use_any_backend();
         let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec, any_backend };
-        let record = self
-            .binder
-            .ensure_ready(BindRequest { create: Some(create), ..BindRequest::existing(workspace_id.clone()) })
-            .await?;
-        // Checked again on what the bind returned: a concurrent create of the same explicit
-        // id by someone else wins the record, and then this caller must not get it.
-        authz::authorize(&effective, &record, Action::Use)?;
-
-        let session = SessionRecord {
-            version: RECORD_VERSION,
-            session_id: session_id.clone(),
-            user,
-            agent,
-            workspace_id: record.id.clone(),
-            created_at_ms: now_ms(),
+        let mut bind = BindRequest { create: Some(create), ..BindRequest::existing(workspace_id.clone()) };
+        let mut attempts = 0;
+        let (session, created) = loop {
+            attempts += 1;
+            let record = self.binder.ensure_ready(bind.clone()).await?;
+            // Checked again on what the bind returned: a concurrent create of the same
+            // explicit id by someone else wins the record, and then this caller must not get it.
+            authz::authorize(&effective, &record, Action::Use)?;
+            let session = SessionRecord {
+                version: RECORD_VERSION,
+                session_id: session_id.clone(),
+                user: user.clone(),
+                agent: agent.clone(),
+                workspace_id: record.id.clone(),
+                created_at_ms: now_ms(),
+            };
+            match self.store.create_session(&session).await? {
+                // The view still had a workspace another replica deleted (e.g. right after
+                // a partition healed): bind again from the registry, once.
+                SessionCreated::WorkspaceGone if attempts == 1 => bind.linearizable = true,
+                SessionCreated::WorkspaceGone => {
+                    return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
+                }
+                created => break (session, created),
+            }
         };
-        match self.store.create_session(&session).await? {
-            None => Ok(session_to_proto(&session)),
-            Some(existing) => {
+        match created {
+            SessionCreated::Created | SessionCreated::WorkspaceGone => Ok(session_to_proto(&session)),
+            SessionCreated::Exists(existing) => {
                 // Creating a session that exists with the same binding is idempotent.
                 if existing.user == session.user
                     && existing.agent == session.agent
@@ -220,30 +230,37 @@ impl Sessions {
         let timeout = self.node_call_timeout;
         let id = workspace_id.to_string();
         if destroy {
-            let confirmed = match &node {
-                Some(node) => {
-                    let mut client = self.nodes.get(&node.address)?;
-                    let request = node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout);
-                    match client.destroy(request).await {
-                        Ok(_) => true,
-                        // The node may come back with the copy: the tombstone covers it.
-                        Err(status) if status.code() == tonic::Code::Unavailable => false,
-                        Err(status) => return Err(status.into()),
-                    }
-                }
-                None => record.node_id.is_none(),
-            };
-            // Unless the node confirmed the copy gone, a tombstone outlives the record (same
-            // fenced transaction): the copy is quarantined when its node reports it, and a
-            // new workspace of this id never adopts it.
-            let tombstone = (!confirmed).then(|| TombstoneRecord {
+            // The record's delete is the commit point and comes first, with a tombstone in
+            // the same fenced transaction: until the node confirms its copy gone, that copy
+            // is quarantined when the node reports it, and a new workspace of this id never
+            // adopts it. Destroying on the node first left, when the delete then failed (the
+            // replica lost etcd), a record whose files were gone: the workspace came back
+            // empty saying FRESH.
+            let tombstone = record.node_id.as_ref().map(|node_id| TombstoneRecord {
                 version: RECORD_VERSION,
                 workspace_id: workspace_id.clone(),
                 generation: record.generation,
-                node_id: record.node_id.clone(),
+                node_id: Some(node_id.clone()),
                 deleted_at_ms: now_ms(),
             });
-            self.store.delete_fenced(workspace_id, fence, tombstone.as_ref()).await?;
+            let revision = self.store.delete_fenced(workspace_id, fence, tombstone.as_ref()).await?;
+            let Some(node) = &node else { return Ok(v1::CloseWorkspaceResponse {}) };
+            // The node removes the files at once (an owner's delete); a node that does not
+            // answer keeps them until it reports the copy (then they are quarantined).
+            let mut client = self.nodes.get(&node.address)?;
+            let request = node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout);
+            match client.destroy(request).await {
+                Ok(_) => {
+                    if let Err(error) = self.store.delete_tombstone(workspace_id, revision).await {
+                        // A few bytes that the heartbeat reconciliation removes later.
+                        tracing::info!(ws_id = %workspace_id, %error, "tombstone kept; the node's next report removes it");
+                    }
+                }
+                Err(status) => {
+                    tracing::warn!(ws_id = %workspace_id, node_id = %node.node_id, error = %status.message(),
+                        "workspace deleted; its node did not remove the copy now, the tombstone covers it");
+                }
+            }
         } else {
             if let Some(node) = &node {
                 let mut client = self.nodes.get(&node.address)?;
@@ -280,6 +297,7 @@ impl Sessions {
             updated_at: Some(timestamp_from_unix_ms(record.updated_at_ms)),
             failure: record.failure.clone().unwrap_or_default(),
             shared_with: record.shared_with.clone(),
+            origin_generation: record.origin_generation,
             ..origin_to_proto(&record.origin)
         }
     }

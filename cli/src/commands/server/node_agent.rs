@@ -107,6 +107,10 @@ pub struct NodeFlags {
     /// Test hook: delay every provision (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
+    /// Test hook: delay every destroy's answer after its files are gone (lets a test cut
+    /// the replica off etcd between the node's destroy and the record's delete).
+    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    pub debug_destroy_delay: Duration,
     /// Host directory of skill directories copied into every new workspace once.
     #[arg(long, env = "BERTH_SKILLS_SEED")]
     pub skills_seed: Option<PathBuf>,
@@ -205,6 +209,7 @@ impl NodeFlags {
         config.capacity_workspaces = self.capacity;
         config.max_file_bytes = self.max_file_bytes;
         config.debug_provision_delay = self.debug_provision_delay;
+        config.debug_destroy_delay = self.debug_destroy_delay;
         config.quarantine_retention = self.quarantine_retention;
         config.docker_image = self.docker_image.clone();
         config.max_execs_per_workspace = self.max_execs_per_workspace;
