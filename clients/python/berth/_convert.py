@@ -53,6 +53,7 @@ def workspace(message: types_pb2.Workspace) -> t.Workspace:
         shared_with=tuple(message.shared_with),
         origin=_enum(t.WorkspaceOrigin, types_pb2.WorkspaceOrigin, message.origin, "WORKSPACE_ORIGIN_"),
         origin_reason=message.origin_reason,
+        origin_generation=message.origin_generation,
     )
 
 

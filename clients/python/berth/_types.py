@@ -86,6 +86,9 @@ class Workspace:
     shared_with: tuple[str, ...]
     origin: WorkspaceOrigin
     origin_reason: str
+    #: The generation at which the current files began: the same value before a write and
+    #: after a read means no placement in between lost the files.
+    origin_generation: int = 0
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ class Session(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., user_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Workspace(_message.Message):
-    __slots__ = ("workspace_id", "owner_user_id", "agent_id", "policy", "backend", "spec", "state", "node_id", "generation", "created_at", "updated_at", "failure", "shared_with", "origin", "origin_reason", "origin_snapshot_id", "origin_snapshot_time")
+    __slots__ = ("workspace_id", "owner_user_id", "agent_id", "policy", "backend", "spec", "state", "node_id", "generation", "created_at", "updated_at", "failure", "shared_with", "origin", "origin_reason", "origin_snapshot_id", "origin_snapshot_time", "origin_generation")
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_USER_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class Workspace(_message.Message):
     ORIGIN_REASON_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_SNAPSHOT_TIME_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_GENERATION_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     owner_user_id: str
     agent_id: str
@@ -152,7 +153,8 @@ class Workspace(_message.Message):
     origin_reason: str
     origin_snapshot_id: str
     origin_snapshot_time: _timestamp_pb2.Timestamp
-    def __init__(self, workspace_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., policy: _Optional[_Union[IsolationPolicy, str]] = ..., backend: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., node_id: _Optional[str] = ..., generation: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure: _Optional[str] = ..., shared_with: _Optional[_Iterable[str]] = ..., origin: _Optional[_Union[WorkspaceOrigin, str]] = ..., origin_reason: _Optional[str] = ..., origin_snapshot_id: _Optional[str] = ..., origin_snapshot_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    origin_generation: int
+    def __init__(self, workspace_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., policy: _Optional[_Union[IsolationPolicy, str]] = ..., backend: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., node_id: _Optional[str] = ..., generation: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure: _Optional[str] = ..., shared_with: _Optional[_Iterable[str]] = ..., origin: _Optional[_Union[WorkspaceOrigin, str]] = ..., origin_reason: _Optional[str] = ..., origin_snapshot_id: _Optional[str] = ..., origin_snapshot_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin_generation: _Optional[int] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
     __slots__ = ("workspace_id", "argv", "cwd", "env", "stdin", "timeout_ms", "max_output_bytes")
