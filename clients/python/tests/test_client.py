@@ -30,6 +30,7 @@ def test_same_user_and_agent_get_one_workspace(client):
     assert workspace.owner_user_id == user
     assert workspace.policy is berth.IsolationPolicy.PER_AGENT
     assert workspace.origin is berth.WorkspaceOrigin.FRESH
+    assert workspace.origin_generation == workspace.generation > 0
     assert first.workspace_id in {item.workspace_id for item in client.list_workspaces(user=user)}
     client.close_session(first.session_id)
     with pytest.raises(berth.NotFoundError):
