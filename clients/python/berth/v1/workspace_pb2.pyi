@@ -1,0 +1,94 @@
+from berth.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("user_id", "agent_id", "session_id", "workspace_id", "backend", "spec")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    agent_id: str
+    session_id: str
+    workspace_id: str
+    backend: str
+    spec: _types_pb2.WorkspaceSpec
+    def __init__(self, user_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., backend: _Optional[str] = ..., spec: _Optional[_Union[_types_pb2.WorkspaceSpec, _Mapping]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class ListWorkspacesRequest(_message.Message):
+    __slots__ = ("user_id", "agent_id", "page_size", "page_token")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    agent_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, user_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListWorkspacesResponse(_message.Message):
+    __slots__ = ("workspaces", "next_page_token")
+    WORKSPACES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    workspaces: _containers.RepeatedCompositeFieldContainer[_types_pb2.Workspace]
+    next_page_token: str
+    def __init__(self, workspaces: _Optional[_Iterable[_Union[_types_pb2.Workspace, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CloseWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id", "destroy")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTROY_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    destroy: bool
+    def __init__(self, workspace_id: _Optional[str] = ..., destroy: _Optional[bool] = ...) -> None: ...
+
+class CloseWorkspaceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ShareWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id", "user_id")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    user_id: str
+    def __init__(self, workspace_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
+
+class UnshareWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id", "user_id")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    user_id: str
+    def __init__(self, workspace_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
