@@ -95,7 +95,7 @@ impl Router {
     {
         let target = self.target(workspace_id).await?;
         let stale_generation = target.generation();
-        match call(target).await {
+        let outcome = match call(target).await {
             Err(status) if replay == Replay::OnlyUnsent && is_transport_failure(&status) && !never_sent(&status) => {
                 tracing::warn!(ws_id = %workspace_id, error = %status.message(), "node connection broke after the call was sent; not retrying");
                 Err(ControlPlaneError::OutcomeUnknown { reason: status.message().to_owned() }.into())
@@ -106,7 +106,16 @@ impl Router {
                 call(retry).await
             }
             other => other,
-        }
+        };
+        // A node that could not be reached at all (its process is gone, its lease not yet):
+        // nothing ran, so the caller may safely try again, and is told so.
+        outcome.map_err(|status| {
+            if is_transport_failure(&status) && never_sent(&status) && !berth_proto::meta::is_retryable(&status) {
+                berth_proto::meta::mark_retryable(status)
+            } else {
+                status
+            }
+        })
     }
 
     /// Forwards one call (unary or server-streaming) to the workspace's node with

@@ -122,3 +122,27 @@ impl Drop for StallProxy {
         self.task.abort();
     }
 }
+
+/// While a node's process is gone but its lease has not run out, an exec cannot reach it:
+/// nothing ran, so the answer is UNAVAILABLE marked retryable (it was unmarked, and a client
+/// could not tell it from an exec that may have run). Found by the Python client's tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_that_cannot_reach_its_node_is_marked_retryable() {
+    let mut config = ClusterConfig::on_shared_etcd(1, 1);
+    config.lost_node_grace = "60s";
+    config.node_lease_ttl = "4s";
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let replica = &cluster.replicas[0].server;
+    let workspace_id = replica.create_session("unreached", "agent").await.expect("create").workspace_id;
+    replica.exec(&workspace_id, &["true"]).await.expect("exec before the kill");
+    cluster.nodes[0].server.kill();
+    let mut unreached = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < deadline {
+        let status = replica.exec(&workspace_id, &["true"]).await.expect_err("the node is dead");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(berth_proto::meta::is_retryable(&status), "not marked retryable: {status:?}");
+        unreached += 1;
+    }
+    assert!(unreached > 0);
+}
