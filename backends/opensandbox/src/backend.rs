@@ -20,7 +20,7 @@ use berth_workspace::posix;
 
 use crate::config::BACKEND_NAME;
 use crate::execd::Execd;
-use crate::files;
+use crate::files::{self, Discard};
 use crate::process::{self, Input, Launch, nonce};
 use crate::scripts::Scripts;
 
@@ -52,7 +52,14 @@ impl OpenSandboxBackend {
         &self.sandbox.sandbox_id
     }
 
-    async fn launch(&self, spec: &SpawnSpec, input: Input, timeout: Option<Duration>) -> Result<Spawned> {
+    /// `limit`: bytes per output stream worth sending (the exec's cap); `None` for a spawn.
+    async fn launch(
+        &self,
+        spec: &SpawnSpec,
+        input: Input,
+        timeout: Option<Duration>,
+        limit: Option<usize>,
+    ) -> Result<Spawned> {
         spec.validate()?;
         let sandbox = &self.sandbox;
         let nonce = nonce();
@@ -64,11 +71,11 @@ impl OpenSandboxBackend {
                 let mut env = sandbox.env.clone();
                 env.entry("HOME".into()).or_insert_with(|| sandbox.workspace_dir.clone());
                 env.extend(spec.env.clone());
-                (sandbox.scripts.spawn(&nonce, spec.cwd.as_str(), &word, &spec.argv), sandbox.agent_user, env)
+                (sandbox.scripts.spawn(&nonce, spec.cwd.as_str(), &word, limit, &spec.argv), sandbox.agent_user, env)
             }
             SpawnRole::SecretHolder => {
                 let pin = spec.program_sha256.map_or_else(|| "-".to_owned(), hex::encode);
-                let command = sandbox.scripts.secret(&nonce, spec.cwd.as_str(), &word, &pin, &spec.argv);
+                let command = sandbox.scripts.secret(&nonce, spec.cwd.as_str(), &word, limit, &pin, &spec.argv);
                 (command, sandbox.secret_holder_user, spec.env.clone())
             }
         };
@@ -86,23 +93,6 @@ impl OpenSandboxBackend {
     }
 }
 
-/// Deletes a staged stdin file when the exec that read it is done (or dropped).
-struct Staged {
-    sandbox: Arc<Sandbox>,
-    path: Option<String>,
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        if let Some(path) = self.path.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let sandbox = self.sandbox.clone();
-            runtime.spawn(async move { sandbox.discard(&path).await });
-        }
-    }
-}
-
 #[async_trait]
 impl Backend for OpenSandboxBackend {
     fn name(&self) -> &'static str {
@@ -114,7 +104,7 @@ impl Backend for OpenSandboxBackend {
     }
 
     async fn spawn(&self, spec: &SpawnSpec) -> Result<Spawned> {
-        self.launch(spec, Input::Fifo, None).await
+        self.launch(spec, Input::Fifo, None, None).await
     }
 
     async fn read_file(&self, path: &RelPath) -> Result<ByteStream> {
@@ -128,8 +118,10 @@ impl Backend for OpenSandboxBackend {
     async fn exec(&self, spec: &ExecSpec) -> Result<ExecOutput> {
         spec.validate()?;
         let (input, staged) = self.staged_input(spec).await?;
-        let _staged = Staged { sandbox: self.sandbox.clone(), path: staged };
-        let spawned = self.launch(&spec.spawn, input, Some(spec.timeout + DAEMON_TIMEOUT_MARGIN)).await?;
+        let _staged = Discard { sandbox: self.sandbox.clone(), path: staged };
+        let spawned = self
+            .launch(&spec.spawn, input, Some(spec.timeout + DAEMON_TIMEOUT_MARGIN), Some(spec.max_output_bytes))
+            .await?;
         let mut unary = spec.clone();
         unary.stdin = bytes::Bytes::new();
         exec::run_to_completion(spawned, &unary).await
@@ -138,8 +130,10 @@ impl Backend for OpenSandboxBackend {
     async fn exec_stream(&self, spec: &ExecSpec) -> Result<BoxStream<'static, Result<ExecEvent>>> {
         spec.validate()?;
         let (input, staged) = self.staged_input(spec).await?;
-        let staged = Staged { sandbox: self.sandbox.clone(), path: staged };
-        let spawned = self.launch(&spec.spawn, input, Some(spec.timeout + DAEMON_TIMEOUT_MARGIN)).await?;
+        let staged = Discard { sandbox: self.sandbox.clone(), path: staged };
+        let spawned = self
+            .launch(&spec.spawn, input, Some(spec.timeout + DAEMON_TIMEOUT_MARGIN), Some(spec.max_output_bytes))
+            .await?;
         let mut streamed = spec.clone();
         streamed.stdin = bytes::Bytes::new();
         let events = exec::stream_events(spawned, streamed);

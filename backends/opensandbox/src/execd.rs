@@ -186,6 +186,9 @@ pub(crate) struct FileEntry {
     /// Permission bits written as octal digits (`755`).
     #[serde(default)]
     pub mode: u64,
+    /// The owner's uid (or user name), as the daemon writes it.
+    #[serde(default)]
+    pub owner: String,
 }
 
 impl Execd {
@@ -391,6 +394,37 @@ impl Execd {
         serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|error| WorkspaceError::Backend { backend: BACKEND_NAME, message: format!("{what}: {error}") })
+    }
+
+    /// Renames `src` to `dest` (which must not exist).
+    pub async fn rename(&self, src: &str, dest: &str) -> Result<()> {
+        let what = "move file";
+        let body = serde_json::json!([{ "src": src, "dest": dest }]).to_string();
+        let response = self
+            .http
+            .send(what, Retry::Once, || {
+                self.request(reqwest::Method::POST, "/files/mv")
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        if response.status().is_success() { Ok(()) } else { Err(unexpected(what, response).await) }
+    }
+
+    /// A file's content as a stream.
+    pub async fn download(&self, path: &str) -> Result<BoxStream<'static, reqwest::Result<Bytes>>> {
+        let what = "download file";
+        let response = self
+            .http
+            .send(what, Retry::Idempotent, || {
+                self.request(reqwest::Method::GET, "/files/download").query(&[("path", path)])
+            })
+            .await?;
+        match response.status() {
+            StatusCode::NOT_FOUND => Err(WorkspaceError::NotFound { path: path.to_owned() }),
+            status if status.is_success() => Ok(response.bytes_stream().boxed()),
+            _ => Err(unexpected(what, response).await),
+        }
     }
 
     pub async fn delete_file(&self, path: &str) -> Result<()> {

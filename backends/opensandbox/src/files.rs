@@ -7,8 +7,9 @@
 //! files, the daemon itself). So content moves as the agent user, through scripts that
 //! resolve the path inside the root (`resolve.sh`) and do the I/O in one go:
 //!
-//! - `read_file`: `read.sh` streams the file through `od` (hex, decoded here: the API's
-//!   output events are JSON text, not binary-safe).
+//! - `read_file`: `read.sh` hard-links (or copies) the file into the agent's run
+//!   directory; the daemon moves that link into its own staging directory, checks it is a
+//!   regular file of the agent, and the content is downloaded from there.
 //! - `write_file`: the content is uploaded whole to a fresh name in `$S/stage` (root's,
 //!   0711: the agent can read a file it is told the name of, never list, create or swap
 //!   one), then `write.sh` copies it into a temp file beside the target and renames that
@@ -21,13 +22,13 @@
 //! through exec, which resolves links inside the root). A concurrent swap can then at most
 //! redirect a metadata read inside the sandbox, never content.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
-use tokio::io::AsyncReadExt;
 
-use berth_workspace::backend::{ByteStream, DEFAULT_CHUNK_BYTES, FileInfo, FileKind, ProcessControl, WriteOptions};
+use berth_workspace::backend::{ByteStream, FileInfo, FileKind, WriteOptions};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
 
@@ -35,7 +36,7 @@ use crate::backend::Sandbox;
 use crate::config::BACKEND_NAME;
 use crate::execd::{CommandRequest, Ending, FileEntry};
 use crate::lifecycle::rfc3339_ms;
-use crate::process::{self, Input, Launch, nonce};
+use crate::process::nonce;
 use crate::scripts::FAILED_EXIT_CODE;
 
 /// A helper script's failure (`berth-error KIND` as its last stderr line) as a typed error.
@@ -54,61 +55,81 @@ pub(crate) fn script_error(operation: &str, path: &str, ending: &Ending, stderr:
     }
 }
 
-pub(crate) async fn read_file(sandbox: &Sandbox, path: &RelPath) -> Result<ByteStream> {
-    let display = path.as_fs_str().to_owned();
-    let nonce = nonce();
-    let launch = Launch {
-        command: sandbox.scripts.read(&nonce, path.as_str()),
-        nonce,
-        user: sandbox.agent_user,
-        env: Default::default(),
-        timeout: None,
-        input: Input::Null,
-        program: "read".into(),
-        cwd: display.clone(),
-    };
-    let spawned = process::start(&sandbox.execd, &sandbox.scripts, launch).await.map_err(|error| match error {
-        WorkspaceError::SpawnFailed { reason, .. } => {
-            WorkspaceError::Backend { backend: BACKEND_NAME, message: format!("read {display:?}: {reason}") }
+/// What `read.sh` refused, from its `berth-NONCE fail KIND` line.
+fn read_failure(path: &str, ending: &Ending, stderr: &str) -> WorkspaceError {
+    let kind = stderr.lines().rev().find_map(|line| line.split_once(" fail ").map(|(_, kind)| kind.trim()));
+    let path = path.to_owned();
+    match (ending, kind) {
+        (Ending::Exited(FAILED_EXIT_CODE), Some("notfound")) => WorkspaceError::NotFound { path },
+        (Ending::Exited(FAILED_EXIT_CODE), Some("escape")) => WorkspaceError::PathEscapesRoot { path },
+        (Ending::Exited(FAILED_EXIT_CODE), Some("isdir")) => WorkspaceError::IsADirectory { path },
+        (Ending::Exited(FAILED_EXIT_CODE), Some("notdir")) => WorkspaceError::NotADirectory { path },
+        (Ending::Exited(FAILED_EXIT_CODE), Some("notregular")) => {
+            WorkspaceError::InvalidArgument(format!("{path:?} is not a regular file"))
         }
-        other => other,
-    })?;
-    let state = ReadState { stdout: spawned.stdout, control: Some(spawned.control), display };
-    Ok(futures::stream::unfold(state, |mut state| async move {
-        let control = state.control.as_mut()?;
-        let mut chunk = BytesMut::with_capacity(DEFAULT_CHUNK_BYTES);
-        match state.stdout.read_buf(&mut chunk).await {
-            Ok(0) => {
-                let outcome = control.wait().await;
-                state.control = None;
-                match outcome {
-                    Ok(exit) if exit.code == Some(0) => None,
-                    Ok(exit) => Some((
-                        Err(WorkspaceError::Backend {
-                            backend: BACKEND_NAME,
-                            message: format!("read {:?} ended with {exit:?}", state.display),
-                        }),
-                        state,
-                    )),
-                    Err(error) => Some((Err(error), state)),
-                }
-            }
-            Ok(_) => Some((Ok(chunk.freeze()), state)),
-            Err(error) => {
-                state.control = None;
-                let error = WorkspaceError::from_io("read", &state.display, error);
-                Some((Err(error), state))
-            }
-        }
-    })
-    .boxed())
+        _ => WorkspaceError::Backend {
+            backend: BACKEND_NAME,
+            message: format!("read {path:?} failed ({ending:?}): {}", stderr.trim()),
+        },
+    }
 }
 
-struct ReadState {
-    stdout: berth_workspace::backend::BoxedReader,
-    /// Dropped (killing the reader) when the stream is dropped early.
-    control: Option<Box<dyn ProcessControl>>,
-    display: String,
+/// Streams a regular file: `read.sh` (as the agent) resolves it and hard-links it (or
+/// copies it) into the agent's run directory; the link is moved into the staging directory
+/// (root's: nothing can be swapped there any more), checked to be a regular file of the
+/// agent user, and downloaded; the staged link goes when the stream ends or is dropped.
+pub(crate) async fn read_file(sandbox: &Arc<Sandbox>, path: &RelPath) -> Result<ByteStream> {
+    let display = path.as_fs_str().to_owned();
+    let nonce = nonce();
+    let link = format!("{}/run-{}/r-{nonce}", sandbox.state_dir, sandbox.agent_user.0);
+    let command = sandbox.scripts.read(&nonce, path.as_str(), &link);
+    let collected = sandbox.execd.run_collect(&sandbox.agent_command(command)).await?;
+    if collected.ending != Ending::Exited(0) {
+        return Err(read_failure(&display, &collected.ending, &collected.stderr));
+    }
+    let staged = sandbox.staged_path("r");
+    if let Err(error) = sandbox.execd.rename(&link, &staged).await {
+        sandbox.discard(&link).await;
+        return Err(error);
+    }
+    let guard = Discard { sandbox: sandbox.clone(), path: Some(staged.clone()) };
+    let info = sandbox.execd.info(std::slice::from_ref(&staged)).await?;
+    let owner = sandbox.agent_user.0.to_string();
+    match info.get(&staged) {
+        Some(Some(entry)) if kind_of(entry) == FileKind::File && entry.owner == owner => {}
+        _ => {
+            return Err(WorkspaceError::Backend {
+                backend: BACKEND_NAME,
+                message: format!("read {display:?}: the staged copy is not a regular file of the workspace user"),
+            });
+        }
+    }
+    let body = sandbox.execd.download(&staged).await?;
+    let stream = body.map(move |chunk| {
+        let _ = &guard;
+        chunk.map_err(|error| WorkspaceError::BackendUnavailable {
+            backend: BACKEND_NAME,
+            reason: format!("download broke: {error}"),
+        })
+    });
+    Ok(stream.boxed())
+}
+
+/// Deletes a staged file when dropped (in the background).
+pub(crate) struct Discard {
+    pub sandbox: Arc<Sandbox>,
+    pub path: Option<String>,
+}
+
+impl Drop for Discard {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let sandbox = self.sandbox.clone();
+            runtime.spawn(async move { sandbox.discard(&path).await });
+        }
+    }
 }
 
 pub(crate) async fn write_file(

@@ -61,22 +61,34 @@ impl Scripts {
         self.command(&args, &[SETUP])
     }
 
-    /// An agent process: `input` is `null`, `fifo` or a staged file's path.
-    pub fn spawn(&self, nonce: &str, cwd: &str, input: &str, argv: &[String]) -> String {
-        let mut args = vec![nonce, cwd, input];
+    /// An agent process: `input` is `null`, `fifo` or a staged file's path; `limit` the
+    /// bytes of each output stream worth sending (`None`: all).
+    pub fn spawn(&self, nonce: &str, cwd: &str, input: &str, limit: Option<usize>, argv: &[String]) -> String {
+        let limit = limit.map_or_else(|| "-1".to_owned(), |limit| limit.to_string());
+        let mut args = vec![nonce, cwd, input, &limit];
         args.extend(argv.iter().map(String::as_str));
         self.command(&args, &[SPAWN, RUN])
     }
 
     /// A secret-holding process; `pin` is the program's SHA-256 in hex, or `-`.
-    pub fn secret(&self, nonce: &str, cwd: &str, input: &str, pin: &str, argv: &[String]) -> String {
-        let mut args = vec![nonce, cwd, input, pin];
+    pub fn secret(
+        &self,
+        nonce: &str,
+        cwd: &str,
+        input: &str,
+        limit: Option<usize>,
+        pin: &str,
+        argv: &[String],
+    ) -> String {
+        let limit = limit.map_or_else(|| "-1".to_owned(), |limit| limit.to_string());
+        let mut args = vec![nonce, cwd, input, &limit, pin];
         args.extend(argv.iter().map(String::as_str));
         self.command(&args, &[SECRET, RUN])
     }
 
-    pub fn read(&self, nonce: &str, rel: &str) -> String {
-        self.command(&[nonce, rel], &[READ])
+    /// `link`: where to hard-link (or copy) the file, `-` to stream it through od.
+    pub fn read(&self, nonce: &str, rel: &str, link: &str) -> String {
+        self.command(&[nonce, rel, link], &[READ])
     }
 
     pub fn write(&self, nonce: &str, rel: &str, mode: u32, staged: &str) -> String {
@@ -127,9 +139,9 @@ mod tests {
         let scripts = Scripts::new("/workspace", "/var/lib/berth");
         for script in [
             scripts.setup((1000, 1000), (64000, 64000)),
-            scripts.spawn("n", "", "null", &["true".into()]),
-            scripts.secret("n", "", "fifo", "-", &["true".into()]),
-            scripts.read("n", "a"),
+            scripts.spawn("n", "", "null", Some(10), &["true".into()]),
+            scripts.secret("n", "", "fifo", None, "-", &["true".into()]),
+            scripts.read("n", "a", "-"),
             scripts.write("n", "a", 0o644, "/var/lib/berth/stage/x"),
             scripts.stdin("n", Some(b"{}\n")),
             scripts.stdin("n", None),

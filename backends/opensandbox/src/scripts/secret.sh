@@ -1,5 +1,5 @@
 # Prelude of a secret-holding process (SpawnRole::SecretHolder), run as the secret-holder
-# user, never the workspace user: set -- NONCE CWD INPUT PIN ARGV...
+# user, never the workspace user: set -- NONCE CWD INPUT LIMIT PIN ARGV...
 # Makes a private directory (0700, a fresh random name under /tmp: mkdir fails on a name the
 # agent squatted) for HOME and cwd. With a PIN (64 hex digits; "-" for none), ARGV[0] is a
 # workspace path relative to CWD: it is copied into the private directory, the copy's
@@ -12,8 +12,9 @@
 nonce=$1
 dir=$2
 input=$3
-pin=$4
-shift 4
+limit=$4
+pin=$5
+shift 5
 umask 077
 berth_fail() {
 	[ -z "${home:-}" ] || rm -rf -- "$home"

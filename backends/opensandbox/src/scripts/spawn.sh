@@ -1,10 +1,12 @@
-# Prelude of an agent process: set -- NONCE CWD INPUT ARGV...
+# Prelude of an agent process: set -- NONCE CWD INPUT LIMIT ARGV... (LIMIT: bytes of each
+# output stream worth encoding, -1 for all)
 # Resolves CWD inside the workspace and checks that ARGV[0] can be found (else reports
 # "berth-NONCE fail KIND" on stderr and exits 127); run.sh does the rest.
 nonce=$1
 dir=$2
 input=$3
-shift 3
+limit=$4
+shift 4
 berth_fail() {
 	printf 'berth-%s fail %s\n' "$nonce" "$1" >&2
 	exit 127
