@@ -208,9 +208,14 @@ impl Execd {
         builder
     }
 
+    /// A call that answers at once (metadata, moves, deletes): bounded by the request timeout.
+    fn short(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request(method, path).timeout(self.http.request_timeout)
+    }
+
     pub async fn ping(&self) -> Result<()> {
         let response =
-            self.http.send("ping execd", Retry::Idempotent, || self.request(reqwest::Method::GET, "/ping")).await?;
+            self.http.send("ping execd", Retry::Idempotent, || self.short(reqwest::Method::GET, "/ping")).await?;
         if response.status().is_success() { Ok(()) } else { Err(unexpected("ping execd", response).await) }
     }
 
@@ -278,7 +283,7 @@ impl Execd {
         let what = "interrupt command";
         let response = self
             .http
-            .send(what, Retry::Idempotent, || self.request(reqwest::Method::DELETE, "/command").query(&[("id", id)]))
+            .send(what, Retry::Idempotent, || self.short(reqwest::Method::DELETE, "/command").query(&[("id", id)]))
             .await?;
         match response.status() {
             status if status.is_success() || status == StatusCode::NOT_FOUND => Ok(()),
@@ -355,7 +360,7 @@ impl Execd {
         let query: Vec<(&str, &str)> = paths.iter().map(|path| ("path", path.as_str())).collect();
         let response = self
             .http
-            .send(what, Retry::Idempotent, || self.request(reqwest::Method::GET, "/files/info").query(&query))
+            .send(what, Retry::Lookup, || self.short(reqwest::Method::GET, "/files/info").query(&query))
             .await?;
         if response.status() == StatusCode::NOT_FOUND && paths.len() == 1 {
             return Ok(BTreeMap::from([(paths[0].clone(), None)]));
@@ -377,8 +382,8 @@ impl Execd {
         let what = "list directory";
         let response = self
             .http
-            .send(what, Retry::Idempotent, || {
-                self.request(reqwest::Method::GET, "/directories/list").query(&[("path", path), ("depth", "1")])
+            .send(what, Retry::Lookup, || {
+                self.short(reqwest::Method::GET, "/directories/list").query(&[("path", path), ("depth", "1")])
             })
             .await?;
         if response.status() == StatusCode::NOT_FOUND {
@@ -403,7 +408,7 @@ impl Execd {
         let response = self
             .http
             .send(what, Retry::Once, || {
-                self.request(reqwest::Method::POST, "/files/mv")
+                self.short(reqwest::Method::POST, "/files/mv")
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.clone())
             })
@@ -431,7 +436,7 @@ impl Execd {
         let what = "delete file";
         let response = self
             .http
-            .send(what, Retry::Idempotent, || self.request(reqwest::Method::DELETE, "/files").query(&[("path", path)]))
+            .send(what, Retry::Idempotent, || self.short(reqwest::Method::DELETE, "/files").query(&[("path", path)]))
             .await?;
         match response.status() {
             status if status.is_success() || status == StatusCode::NOT_FOUND => Ok(()),

@@ -1,7 +1,8 @@
 //! One HTTP client for both APIs, with the retry and error rules of every provider call.
 //!
 //! Retried with backoff until the call's deadline: connection failures that provably never
-//! sent the request, 429, and — for idempotent calls only — 5xx and timeouts. Mapped: 401 /
+//! sent the request, 429, and — for idempotent calls only — 5xx (lookups: but 500) and
+//! timeouts. Mapped: 401 /
 //! 403 to `ProviderAuth` naming the credential file, 429 past the deadline and any refusal
 //! that says "quota" to `ProviderQuota`, other failures to `Backend` with the provider's
 //! `{code, message}`.
@@ -20,6 +21,9 @@ use crate::config::BACKEND_NAME;
 pub(crate) enum Retry {
     /// GET, DELETE, PUT-like calls: any transient failure is retried.
     Idempotent,
+    /// Lookups whose 500 is an answer (execd's file API says 500 for a path it cannot
+    /// stat: ENOTDIR, ELOOP): retried like `Idempotent` but for 500.
+    Lookup,
     /// POSTs that act (create, run a command): only failures that never reached the server.
     Once,
 }
@@ -27,6 +31,9 @@ pub(crate) enum Retry {
 #[derive(Clone)]
 pub(crate) struct Http {
     pub client: reqwest::Client,
+    /// Bound of one non-streaming call (command streams and transfers have none: they are
+    /// bounded by the exec's timeout or the caller).
+    pub request_timeout: Duration,
     pub retry_deadline: Duration,
     /// Names the credential in auth errors (a file path, never the secret).
     pub credential: String,
@@ -53,7 +60,7 @@ impl Http {
                 backend: BACKEND_NAME,
                 reason: format!("cannot build the HTTP client: {error}"),
             })?;
-        Ok(Self { client, retry_deadline, credential })
+        Ok(Self { client, request_timeout, retry_deadline, credential })
     }
 
     /// Sends the request `make` builds (again on each attempt) and returns a response whose
@@ -78,7 +85,9 @@ impl Http {
                             message: format!("{what}: {message}"),
                         });
                     }
-                    let retryable = status == StatusCode::TOO_MANY_REQUESTS || retry == Retry::Idempotent;
+                    let retryable = status == StatusCode::TOO_MANY_REQUESTS
+                        || retry == Retry::Idempotent
+                        || (retry == Retry::Lookup && status != StatusCode::INTERNAL_SERVER_ERROR);
                     let (code, message) = read_error(response).await;
                     let error = failure(what, status, &code, &message);
                     if !retryable {
@@ -92,7 +101,7 @@ impl Http {
                         backend: BACKEND_NAME,
                         reason: format!("{what}: {}", error_chain(&error)),
                     };
-                    if !(never_sent || retry == Retry::Idempotent) {
+                    if !(never_sent || retry != Retry::Once) {
                         return Err(problem);
                     }
                     problem

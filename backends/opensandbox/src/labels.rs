@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn long_ids_round_trip_within_label_limits() {
-        let id = WorkspaceId::new(format!("ws-{}@team:x", "a".repeat(120))).unwrap();
+        let id = WorkspaceId::new(format!("ws-{}@team:x", "a".repeat(116))).unwrap();
         let labels = for_workspace("/berth/prod", &id, "alice@example.com", 42);
         for (key, value) in &labels {
             assert!(value.len() <= 63, "{key}={value}");

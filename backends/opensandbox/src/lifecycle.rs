@@ -104,7 +104,8 @@ impl Lifecycle {
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let mut builder = self.http.client.request(method, format!("{}{path}", self.base));
+        let mut builder =
+            self.http.client.request(method, format!("{}{path}", self.base)).timeout(self.http.request_timeout);
         if let Some(key) = &self.api_key {
             builder = builder.header(API_KEY_HEADER, key);
         }

@@ -23,12 +23,12 @@ use crate::{empty_ok, error};
 const MAX_UPLOAD_BYTES: usize = 512 * 1024 * 1024;
 
 fn io_error(path: &str, problem: std::io::Error) -> Response {
+    // As the real daemon: a missing file is 404, every other failure 500 RUNTIME_ERROR.
     match problem.kind() {
         ErrorKind::NotFound => error(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", format!("file not found: {path}")),
-        ErrorKind::PermissionDenied => {
-            error(StatusCode::FORBIDDEN, "PERMISSION_DENIED", format!("permission denied: {path}"))
+        _ => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR", format!("error accessing file {path}: {problem}"))
         }
-        _ => error(StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR", format!("{path}: {problem}")),
     }
 }
 
@@ -239,23 +239,28 @@ fn lookup(table: &str, name: &str) -> Option<u32> {
     })
 }
 
-fn apply_permission(path: &str, permission: &Permission) -> Result<(), Response> {
+fn apply_permission(path: &str, permission: &Permission) -> Result<(), Box<Response>> {
     if let Some(mode) = permission.mode.filter(|mode| *mode != 0) {
-        let bits = mode_bits(mode).ok_or_else(|| bad_request(format!("invalid mode {mode}")))?;
-        fs::set_permissions(path, fs::Permissions::from_mode(bits)).map_err(|problem| io_error(path, problem))?;
+        let bits = mode_bits(mode).ok_or_else(|| Box::new(bad_request(format!("invalid mode {mode}"))))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(bits))
+            .map_err(|problem| Box::new(io_error(path, problem)))?;
     }
     let owner = permission.owner.as_deref().filter(|name| !name.is_empty());
     let group = permission.group.as_deref().filter(|name| !name.is_empty());
     if owner.is_some() || group.is_some() {
         let uid = match owner {
-            Some(name) => Some(lookup("/etc/passwd", name).ok_or_else(|| bad_request(format!("unknown user {name}")))?),
+            Some(name) => {
+                Some(lookup("/etc/passwd", name).ok_or_else(|| Box::new(bad_request(format!("unknown user {name}"))))?)
+            }
             None => None,
         };
         let gid = match group {
-            Some(name) => Some(lookup("/etc/group", name).ok_or_else(|| bad_request(format!("unknown group {name}")))?),
+            Some(name) => {
+                Some(lookup("/etc/group", name).ok_or_else(|| Box::new(bad_request(format!("unknown group {name}"))))?)
+            }
             None => None,
         };
-        std::os::unix::fs::lchown(path, uid, gid).map_err(|problem| io_error(path, problem))?;
+        std::os::unix::fs::lchown(path, uid, gid).map_err(|problem| Box::new(io_error(path, problem)))?;
     }
     Ok(())
 }
@@ -267,7 +272,7 @@ pub async fn chmod(body: Bytes) -> Response {
     };
     for (path, permission) in &items {
         if let Err(response) = apply_permission(path, permission) {
-            return response;
+            return *response;
         }
     }
     empty_ok()
@@ -283,7 +288,7 @@ pub async fn make_dirs(body: Bytes) -> Response {
             return io_error(path, problem);
         }
         if let Err(response) = apply_permission(path, permission) {
-            return response;
+            return *response;
         }
     }
     empty_ok()
@@ -330,7 +335,7 @@ pub async fn upload(request: Request) -> Response {
             return io_error(&meta.path, problem);
         }
         if let Err(response) = apply_permission(&meta.path, &meta.permission) {
-            return response;
+            return *response;
         }
     }
     empty_ok()

@@ -188,7 +188,11 @@ path = "{}"
     let config_path = dir.join("sandbox.toml");
     fs::write(&config_path, config).expect("write the server config");
     fs::write(dir.join("pids"), format!("{}\n", std::process::id())).expect("write the pids file");
-    Command::new("sh")
+    // Detached: `sh` backgrounds the supervisor and returns, so it is reparented to init
+    // and outlives this test process (it stops once every joined process is gone).
+    let started = Command::new("sh")
+        .arg("-c")
+        .arg(r#"sh "$0" "$@" </dev/null >/dev/null 2>&1 &"#)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/supervise.sh"))
         .arg(dir)
         .arg(venv.join("bin/opensandbox-server"))
@@ -198,8 +202,9 @@ path = "{}"
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)
-        .spawn()
+        .status()
         .expect("start the server's supervisor");
+    assert!(started.success(), "starting the server's supervisor failed: {started}");
     let deadline = Instant::now() + Duration::from_secs(90);
     while http_status(port, "/v1/sandboxes", &api_key) != Some(200) {
         assert!(
