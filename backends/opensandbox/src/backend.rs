@@ -1,7 +1,6 @@
 //! One workspace's sandbox as a [`Backend`]: processes and files through execd (see
 //! `process.rs` and `files.rs` for how and why).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,26 +18,12 @@ use berth_workspace::path::RelPath;
 use berth_workspace::posix;
 
 use crate::config::BACKEND_NAME;
-use crate::execd::Execd;
 use crate::files::{self, Discard};
 use crate::process::{self, Input, Launch, nonce};
-use crate::scripts::Scripts;
+use crate::sandbox::Sandbox;
 
 /// Margin of the daemon's own timeout over an exec's (the exec engine kills first).
 const DAEMON_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
-
-/// What every call on one sandbox needs.
-pub(crate) struct Sandbox {
-    pub sandbox_id: String,
-    pub execd: Execd,
-    pub scripts: Scripts,
-    pub workspace_dir: String,
-    pub state_dir: String,
-    pub agent_user: (u32, u32),
-    pub secret_holder_user: (u32, u32),
-    /// The workspace spec's env, given to every agent process.
-    pub env: BTreeMap<String, String>,
-}
 
 /// A workspace's sandbox (cheap to clone).
 #[derive(Clone)]

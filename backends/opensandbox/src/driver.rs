@@ -26,13 +26,14 @@ use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::id::WorkspaceId;
 use berth_workspace::spec::WorkspaceSpec;
 
-use crate::backend::{OpenSandboxBackend, Sandbox, check_users};
+use crate::backend::{OpenSandboxBackend, check_users};
 use crate::config::{BACKEND_NAME, OpenSandboxConfig};
 use crate::execd::{CommandRequest, Ending, Execd};
 use crate::files::script_error;
 use crate::http::Http;
 use crate::labels;
 use crate::lifecycle::{CreateRequest, ImageSpec, Lifecycle, SandboxInfo, rfc3339_ms};
+use crate::sandbox::Sandbox;
 use crate::scripts::Scripts;
 
 /// The execd port inside every sandbox.

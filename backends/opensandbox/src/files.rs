@@ -32,11 +32,11 @@ use berth_workspace::backend::{ByteStream, FileInfo, FileKind, WriteOptions};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
 
-use crate::backend::Sandbox;
 use crate::config::BACKEND_NAME;
 use crate::execd::{CommandRequest, Ending, FileEntry};
 use crate::lifecycle::rfc3339_ms;
 use crate::process::nonce;
+use crate::sandbox::Sandbox;
 use crate::scripts::FAILED_EXIT_CODE;
 
 /// A helper script's failure (`berth-error KIND` as its last stderr line) as a typed error.

@@ -24,6 +24,7 @@ mod http;
 mod labels;
 mod lifecycle;
 mod process;
+mod sandbox;
 mod scripts;
 
 pub use backend::OpenSandboxBackend;

@@ -261,3 +261,33 @@ async fn provider_failures_are_retried_then_mapped() {
     assert_eq!(&output.stdout[..], b"fine\n");
     cluster.driver.destroy(&workspace).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execs_leave_no_processes_behind() {
+    let cluster = Cluster::new();
+    let workspace = id("ws-reaped");
+    let backend = provision(&cluster.driver, &workspace, 1, false).await.unwrap();
+    let mut with_stdin = berth_workspace::ExecSpec::new(vec!["cat".into()]);
+    with_stdin.stdin = Bytes::from_static(b"in");
+    for _ in 0..3 {
+        sh_ok(&backend, "echo out; echo err >&2", &[]).await;
+        assert_eq!(&backend.exec(&with_stdin).await.unwrap().stdout[..], b"in");
+    }
+    // A spawned process with streamed stdin, ended by closing its input.
+    let mut spawned = backend.spawn(&berth_workspace::SpawnSpec::new(vec!["cat".into()])).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut spawned.stdin, b"streamed").await.unwrap();
+    tokio::io::AsyncWriteExt::shutdown(&mut spawned.stdin).await.unwrap();
+    drop(spawned.stdin);
+    let mut out = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut spawned.stdout, &mut out).await.unwrap();
+    assert_eq!(out, b"streamed");
+    assert_eq!(spawned.control.wait().await.unwrap().code, Some(0));
+    // No zombie and no helper (stdin holders, drain timers) outlives its exec.
+    berth_testkit::assert_eventually("helper processes to be gone", Duration::from_secs(10), || async {
+        let listing = sh_ok(&backend, "ps -o stat,args", &[]).await;
+        let text = String::from_utf8_lossy(&listing.stdout).into_owned();
+        !text.lines().skip(1).any(|line| line.trim_start().starts_with('Z') || line.contains("sleep"))
+    })
+    .await;
+    cluster.driver.destroy(&workspace).await.unwrap();
+}

@@ -11,12 +11,17 @@ mkfifo -- "$run/o" "$run/e" || berth_fail private
 # Past $limit bytes (when not -1) the rest is read and dropped unencoded: the caller caps
 # each stream there anyway and only needs to see that more came.
 berth_encode() {
+	# Stopped with TERM (below), an encoder takes its dd along: nothing is left to be reaped
+	# by an init that may not reap.
+	trap 'kill "$chunk" 2>/dev/null; wait "$chunk" 2>/dev/null; exit 0' TERM
 	sent=0
 	while :; do
 		if [ "$limit" -ge 0 ] && [ "$sent" -gt "$limit" ]; then
 			exec cat >/dev/null
 		fi
-		dd of="$2" bs=65536 count=1 2>/dev/null
+		dd of="$2" bs=65536 count=1 2>/dev/null <&0 &
+		chunk=$!
+		wait "$chunk"
 		[ -s "$2" ] || break
 		if [ "$limit" -ge 0 ]; then
 			sent=$((sent + $(wc -c <"$2")))
@@ -49,13 +54,22 @@ wait "$pid"
 status=$?
 # Output still in the pipes is read; an orphan holding a pipe gets a second, then its
 # encoders are stopped so the exit is not held up. Helpers that may outlive this shell
-# hold none of its output (the daemon would wait for them).
+# hold none of its output (the daemon would wait for them), and every helper is reaped
+# here (the sandbox's init may not reap orphans).
 (
-	sleep 1
+	trap 'kill "$timer" 2>/dev/null; wait "$timer" 2>/dev/null; exit 0' TERM
+	sleep 1 &
+	timer=$!
+	wait "$timer"
 	kill "$odo" "$ode" 2>/dev/null
 ) </dev/null >/dev/null 2>&1 &
 reaper=$!
 wait "$odo" "$ode" 2>/dev/null
-kill "$reaper" $holder 2>/dev/null
+kill "$reaper" 2>/dev/null
+wait "$reaper" 2>/dev/null
+if [ -n "$holder" ]; then
+	kill "$holder" 2>/dev/null
+	wait "$holder" 2>/dev/null
+fi
 rm -rf -- "$run"
 exit "$status"
