@@ -17,9 +17,10 @@ berth_encode() {
 	sent=0
 	while :; do
 		if [ "$limit" -ge 0 ] && [ "$sent" -gt "$limit" ]; then
-			exec cat >/dev/null
+			exec cat <&4 >/dev/null
 		fi
-		dd of="$2" bs=65536 count=1 2>/dev/null <&0 &
+		# From fd 4: an asynchronous command's stdin is /dev/null before its redirections.
+		dd of="$2" bs=65536 count=1 2>/dev/null <&4 &
 		chunk=$!
 		wait "$chunk"
 		[ -s "$2" ] || break
@@ -27,7 +28,7 @@ berth_encode() {
 			sent=$((sent + $(wc -c <"$2")))
 		fi
 		od -An -v -tx1 "$2"
-	done <"$1"
+	done 4<"$1"
 }
 berth_encode "$run/o" "$run/oc" &
 odo=$!
