@@ -19,7 +19,7 @@ class NodeMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., report: _Optional[_Union[HeartbeatReport, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "address", "backends", "default_backend", "labels", "version", "lease_id", "node_generation", "capacity_workspaces", "workspaces")
+    __slots__ = ("node_id", "address", "backends", "default_backend", "labels", "version", "lease_id", "node_generation", "capacity_workspaces", "workspaces", "key_prefix")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class Register(_message.Message):
     NODE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_WORKSPACES_FIELD_NUMBER: _ClassVar[int]
     WORKSPACES_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     backends: _containers.RepeatedScalarFieldContainer[str]
@@ -47,7 +48,8 @@ class Register(_message.Message):
     node_generation: int
     capacity_workspaces: int
     workspaces: _containers.RepeatedCompositeFieldContainer[LocalWorkspace]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., backends: _Optional[_Iterable[str]] = ..., default_backend: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., lease_id: _Optional[int] = ..., node_generation: _Optional[int] = ..., capacity_workspaces: _Optional[int] = ..., workspaces: _Optional[_Iterable[_Union[LocalWorkspace, _Mapping]]] = ...) -> None: ...
+    key_prefix: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., backends: _Optional[_Iterable[str]] = ..., default_backend: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., lease_id: _Optional[int] = ..., node_generation: _Optional[int] = ..., capacity_workspaces: _Optional[int] = ..., workspaces: _Optional[_Iterable[_Union[LocalWorkspace, _Mapping]]] = ..., key_prefix: _Optional[str] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
     __slots__ = ("workspaces", "running", "execs_in_flight", "load_avg_1m", "mem_available_bytes")
@@ -146,6 +148,42 @@ class DestroyStale(_message.Message):
     workspace_id: str
     generation: int
     def __init__(self, workspace_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class ListLabelledRequest(_message.Message):
+    __slots__ = ("backend",)
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    def __init__(self, backend: _Optional[str] = ...) -> None: ...
+
+class LabelledSandbox(_message.Message):
+    __slots__ = ("provider_id", "workspace_id", "generation", "created_at_unix_ms")
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    provider_id: str
+    workspace_id: str
+    generation: int
+    created_at_unix_ms: int
+    def __init__(self, provider_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., generation: _Optional[int] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class ListLabelledResponse(_message.Message):
+    __slots__ = ("sandboxes",)
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    sandboxes: _containers.RepeatedCompositeFieldContainer[LabelledSandbox]
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[LabelledSandbox, _Mapping]]] = ...) -> None: ...
+
+class RemoveLabelledRequest(_message.Message):
+    __slots__ = ("backend", "sandbox")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    sandbox: LabelledSandbox
+    def __init__(self, backend: _Optional[str] = ..., sandbox: _Optional[_Union[LabelledSandbox, _Mapping]] = ...) -> None: ...
+
+class RemoveLabelledResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ListQuarantineRequest(_message.Message):
     __slots__ = ()

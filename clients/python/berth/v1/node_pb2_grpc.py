@@ -153,6 +153,16 @@ class NodeAgentServiceStub:
                 request_serializer=berth_dot_v1_dot_node__pb2.RestoreQuarantineRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_node__pb2.RestoreQuarantineResponse.FromString,
                 _registered_method=True)
+        self.ListLabelled = channel.unary_unary(
+                '/berth.v1.NodeAgentService/ListLabelled',
+                request_serializer=berth_dot_v1_dot_node__pb2.ListLabelledRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_node__pb2.ListLabelledResponse.FromString,
+                _registered_method=True)
+        self.RemoveLabelled = channel.unary_unary(
+                '/berth.v1.NodeAgentService/RemoveLabelled',
+                request_serializer=berth_dot_v1_dot_node__pb2.RemoveLabelledRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_node__pb2.RemoveLabelledResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServiceServicer:
@@ -209,6 +219,20 @@ class NodeAgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLabelled(self, request, context):
+        """Cloud gateways: the provider's sandboxes carrying this cluster's labels (for the
+        elected janitor, which removes those without a registry record), and the removal of one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveLabelled(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +265,16 @@ def add_NodeAgentServiceServicer_to_server(servicer, server):
                     servicer.RestoreQuarantine,
                     request_deserializer=berth_dot_v1_dot_node__pb2.RestoreQuarantineRequest.FromString,
                     response_serializer=berth_dot_v1_dot_node__pb2.RestoreQuarantineResponse.SerializeToString,
+            ),
+            'ListLabelled': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLabelled,
+                    request_deserializer=berth_dot_v1_dot_node__pb2.ListLabelledRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_node__pb2.ListLabelledResponse.SerializeToString,
+            ),
+            'RemoveLabelled': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveLabelled,
+                    request_deserializer=berth_dot_v1_dot_node__pb2.RemoveLabelledRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_node__pb2.RemoveLabelledResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -416,6 +450,60 @@ class NodeAgentService:
             '/berth.v1.NodeAgentService/RestoreQuarantine',
             berth_dot_v1_dot_node__pb2.RestoreQuarantineRequest.SerializeToString,
             berth_dot_v1_dot_node__pb2.RestoreQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLabelled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/berth.v1.NodeAgentService/ListLabelled',
+            berth_dot_v1_dot_node__pb2.ListLabelledRequest.SerializeToString,
+            berth_dot_v1_dot_node__pb2.ListLabelledResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveLabelled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/berth.v1.NodeAgentService/RemoveLabelled',
+            berth_dot_v1_dot_node__pb2.RemoveLabelledRequest.SerializeToString,
+            berth_dot_v1_dot_node__pb2.RemoveLabelledResponse.FromString,
             options,
             channel_credentials,
             insecure,
