@@ -210,6 +210,12 @@ async def run_subject(subject: managers.Subject, sizes: dict, only: list[str], r
     return rows
 
 
+def build_name(berth_bin: str) -> str:
+    """`release/berth` or `debug/berth`: the build profile and binary, without the checkout's path."""
+    path = Path(berth_bin)
+    return f"{path.parent.name}/{path.name}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI): storm 50, distinct 3, execs 20, io 5")
@@ -254,7 +260,8 @@ def main() -> int:
         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "sizes": sizes,
-        "berth_bin": berth_bin or os.environ.get("BERTH_BIN") or str(managers.REPO / "target" / "debug" / "berth"),
+        # Which build ran (target/release or target/debug), never the machine's absolute path.
+        "berth_bin": build_name(berth_bin or os.environ.get("BERTH_BIN") or str(managers.REPO / "target" / "debug" / "berth")),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

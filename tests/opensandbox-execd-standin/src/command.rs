@@ -29,8 +29,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
+use crate::answer::{self, empty_ok, error};
 use crate::query::Query;
-use crate::{SharedRef, error};
 
 /// How often a foreground stream carries a `ping` event while the command is quiet.
 const PING_EVERY: Duration = Duration::from_secs(5);
@@ -110,7 +110,7 @@ fn now_ms() -> i64 {
 
 fn rfc3339(time: SystemTime) -> String {
     let seconds = time.duration_since(UNIX_EPOCH).map_or(0, |duration| duration.as_secs() as i64);
-    crate::files::rfc3339(seconds)
+    crate::answer::rfc3339(seconds)
 }
 
 /// Go's names of Linux signals (`syscall.Signal.String()`), as `os/exec` prints them.
@@ -228,7 +228,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-pub async fn run(State(shared): State<SharedRef>, body: Bytes) -> Response {
+pub async fn run(State(commands): State<Arc<Commands>>, body: Bytes) -> Response {
     let request: RunRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(problem) => {
@@ -238,13 +238,13 @@ pub async fn run(State(shared): State<SharedRef>, body: Bytes) -> Response {
     if request.gid.is_some() && request.uid.is_none() {
         return error(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", "gid requires uid");
     }
-    let id = format!("cmd-{:x}-{}", now_ms(), shared.commands.counter.fetch_add(1, Ordering::SeqCst));
+    let id = format!("cmd-{:x}-{}", now_ms(), commands.counter.fetch_add(1, Ordering::SeqCst));
     let entry = Arc::new(Entry {
         content: request.command.clone(),
         started_at: SystemTime::now(),
         state: Mutex::new(EntryState { running: true, ..EntryState::default() }),
     });
-    shared.commands.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id.clone(), entry.clone());
+    commands.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id.clone(), entry.clone());
 
     let mut command = tokio::process::Command::new(shell());
     command.arg("-c").arg(&request.command).envs(&request.envs).stdin(Stdio::null()).process_group(0);
@@ -413,16 +413,16 @@ async fn background(mut child: tokio::process::Child, entry: Arc<Entry>, finishe
     finished.store(true, Ordering::SeqCst);
 }
 
-fn find(shared: &SharedRef, id: &str) -> Option<Arc<Entry>> {
-    shared.commands.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(id).cloned()
+fn find(commands: &Commands, id: &str) -> Option<Arc<Entry>> {
+    commands.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(id).cloned()
 }
 
-pub async fn interrupt(State(shared): State<SharedRef>, request: Request) -> Response {
+pub async fn interrupt(State(commands): State<Arc<Commands>>, request: Request) -> Response {
     let query = Query::parse(request.uri().query());
     let Some(id) = query.first("id").filter(|id| !id.is_empty()).map(str::to_owned) else {
         return error(StatusCode::BAD_REQUEST, "MISSING_QUERY", "missing query parameter 'id'");
     };
-    let Some(entry) = find(&shared, &id) else {
+    let Some(entry) = find(&commands, &id) else {
         return error(StatusCode::NOT_FOUND, "COMMAND_NOT_FOUND", format!("command {id} not found"));
     };
     if let Some(pgid) = entry.pgid() {
@@ -434,15 +434,15 @@ pub async fn interrupt(State(shared): State<SharedRef>, request: Request) -> Res
             }
         });
     }
-    crate::empty_ok()
+    empty_ok()
 }
 
-pub async fn status(State(shared): State<SharedRef>, Path(id): Path<String>) -> Response {
-    let Some(entry) = find(&shared, &id) else {
+pub async fn status(State(commands): State<Arc<Commands>>, Path(id): Path<String>) -> Response {
+    let Some(entry) = find(&commands, &id) else {
         return error(StatusCode::NOT_FOUND, "COMMAND_NOT_FOUND", format!("command {id} not found"));
     };
     let state = entry.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    crate::json(json!({
+    answer::json(json!({
         "id": id,
         "content": entry.content,
         "running": state.running,
@@ -453,8 +453,8 @@ pub async fn status(State(shared): State<SharedRef>, Path(id): Path<String>) -> 
     }))
 }
 
-pub async fn logs(State(shared): State<SharedRef>, Path(id): Path<String>, request: Request) -> Response {
-    let Some(entry) = find(&shared, &id) else {
+pub async fn logs(State(commands): State<Arc<Commands>>, Path(id): Path<String>, request: Request) -> Response {
+    let Some(entry) = find(&commands, &id) else {
         return error(StatusCode::NOT_FOUND, "COMMAND_NOT_FOUND", format!("command {id} not found"));
     };
     let cursor = Query::parse(request.uri().query()).first("cursor").and_then(|cursor| cursor.parse::<usize>().ok());

@@ -5,7 +5,7 @@
 //! body; `{"clear": true}` removes every fault. Not part of the published API: the path
 //! prefix `/x-standin/` says so.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -13,7 +13,7 @@ use axum::response::Response;
 use http::StatusCode;
 use serde::Deserialize;
 
-use crate::{SharedRef, empty_ok, error};
+use crate::answer::{empty_ok, error};
 
 #[derive(Default)]
 pub struct Faults {
@@ -57,12 +57,12 @@ impl Faults {
     }
 }
 
-pub async fn set(State(shared): State<SharedRef>, body: Bytes) -> Response {
+pub async fn set(State(faults): State<Arc<Faults>>, body: Bytes) -> Response {
     let request: Request = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(problem) => return error(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", problem.to_string()),
     };
-    let mut pending = shared.faults.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut pending = faults.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if request.clear {
         pending.clear();
     }

@@ -15,9 +15,9 @@ use http::{HeaderMap, StatusCode, header};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::answer::{self, empty_ok, error, rfc3339};
 use crate::multipart;
 use crate::query::Query;
-use crate::{empty_ok, error};
 
 /// Largest upload body accepted (the tests write a few MiB).
 const MAX_UPLOAD_BYTES: usize = 512 * 1024 * 1024;
@@ -34,27 +34,6 @@ fn io_error(path: &str, problem: std::io::Error) -> Response {
 
 fn bad_request(message: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message)
-}
-
-/// RFC 3339 in UTC from seconds since the epoch (civil-from-days, proleptic Gregorian).
-pub(crate) fn rfc3339(seconds: i64) -> String {
-    let days = seconds.div_euclid(86_400);
-    let second_of_day = seconds.rem_euclid(86_400);
-    let shifted = days + 719_468;
-    let era = shifted.div_euclid(146_097);
-    let day_of_era = shifted.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        second_of_day / 3600,
-        second_of_day % 3600 / 60,
-        second_of_day % 60
-    )
 }
 
 /// Permission bits as the API writes them: the octal digits read as a decimal number.
@@ -103,7 +82,7 @@ pub async fn info(request: Request) -> Response {
             Err(problem) => return io_error(&path, problem),
         }
     }
-    crate::json(Value::Object(answer))
+    answer::json(Value::Object(answer))
 }
 
 pub async fn list(request: Request) -> Response {
@@ -130,7 +109,7 @@ pub async fn list(request: Request) -> Response {
     if let Err(problem) = walk(Path::new(&path), 0, depth, &mut entries) {
         return io_error(&path, problem);
     }
-    crate::json(Value::Array(entries))
+    answer::json(Value::Array(entries))
 }
 
 /// Entries in lexical order per directory, each directory's descendants right after it.
@@ -403,8 +382,8 @@ pub async fn download(request: Request) -> Response {
 mod tests {
     #[test]
     fn formats_times_and_modes() {
-        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(crate::answer::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(crate::answer::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(super::octal_digits(0o755), 755);
         assert_eq!(super::mode_bits(644), Some(0o644));
     }

@@ -11,6 +11,7 @@
 //! `EXECD_ACCESS_TOKEN` is set, every call but `/ping` must carry it in
 //! `X-EXECD-ACCESS-TOKEN`. Faults for tests: `POST /x-standin/faults` (see `faults.rs`).
 
+mod answer;
 mod command;
 mod faults;
 mod files;
@@ -21,37 +22,35 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{FromRef, Request, State};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{delete, get, post};
 use http::StatusCode;
 
-/// What every handler shares.
-pub struct Shared {
-    pub commands: command::Commands,
-    pub faults: faults::Faults,
-    pub access_token: Option<String>,
+use answer::{empty_ok, error};
+
+/// What every handler shares; each handler module extracts only its own part.
+#[derive(Clone)]
+struct Shared {
+    commands: Arc<command::Commands>,
+    faults: Arc<faults::Faults>,
+    access_token: Option<Arc<str>>,
 }
 
-pub type SharedRef = Arc<Shared>;
-
-/// The error body of the published API: `{code, message}`.
-pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = serde_json::json!({ "code": code, "message": message.into() });
-    (status, [(http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+impl FromRef<Shared> for Arc<command::Commands> {
+    fn from_ref(shared: &Shared) -> Self {
+        Arc::clone(&shared.commands)
+    }
 }
 
-pub fn json(value: serde_json::Value) -> Response {
-    (StatusCode::OK, [(http::header::CONTENT_TYPE, "application/json")], value.to_string()).into_response()
+impl FromRef<Shared> for Arc<faults::Faults> {
+    fn from_ref(shared: &Shared) -> Self {
+        Arc::clone(&shared.faults)
+    }
 }
 
-pub fn empty_ok() -> Response {
-    (StatusCode::OK, Body::empty()).into_response()
-}
-
-async fn guard(State(shared): State<SharedRef>, request: Request, next: Next) -> Response {
+async fn guard(State(shared): State<Shared>, request: Request, next: Next) -> Response {
     let full = request.uri().path();
     let path = full.strip_prefix("/proxy/44772").filter(|rest| rest.starts_with('/')).unwrap_or(full).to_owned();
     if let Some(token) = &shared.access_token
@@ -59,7 +58,7 @@ async fn guard(State(shared): State<SharedRef>, request: Request, next: Next) ->
         && !path.starts_with("/x-standin/")
     {
         let given = request.headers().get("x-execd-access-token").and_then(|value| value.to_str().ok());
-        if given != Some(token.as_str()) {
+        if given != Some(&**token) {
             return error(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", "missing or wrong X-EXECD-ACCESS-TOKEN");
         }
     }
@@ -71,7 +70,7 @@ async fn guard(State(shared): State<SharedRef>, request: Request, next: Next) ->
 
 /// The API, also under `/proxy/44772/` (the path the server's bridge-mode endpoints name:
 /// the real daemon proxies `/proxy/{port}/…` to that local port, here only to itself).
-fn router(shared: SharedRef) -> Router {
+fn router(shared: Shared) -> Router {
     let api = routes();
     Router::new()
         .merge(api.clone())
@@ -80,7 +79,7 @@ fn router(shared: SharedRef) -> Router {
         .with_state(shared)
 }
 
-fn routes() -> Router<SharedRef> {
+fn routes() -> Router<Shared> {
     Router::new()
         .route("/ping", get(|| async { empty_ok() }))
         .route("/command", post(command::run).delete(command::interrupt))
@@ -116,9 +115,8 @@ async fn main() {
             }
         }
     }
-    let access_token = std::env::var("EXECD_ACCESS_TOKEN").ok().filter(|token| !token.is_empty());
-    let shared =
-        Arc::new(Shared { commands: command::Commands::default(), faults: faults::Faults::default(), access_token });
+    let access_token = std::env::var("EXECD_ACCESS_TOKEN").ok().filter(|token| !token.is_empty()).map(Arc::from);
+    let shared = Shared { commands: Arc::default(), faults: Arc::default(), access_token };
     let listener = tokio::net::TcpListener::bind(listen).await.unwrap_or_else(|error| {
         eprintln!("execd stand-in: cannot listen on {listen}: {error}");
         std::process::exit(1)
