@@ -45,6 +45,7 @@ pub mod exec;
 pub mod files;
 pub mod mcp_fixture;
 pub mod netns;
+pub mod opensandbox_server;
 pub mod tar_corpus;
 pub mod wait;
 

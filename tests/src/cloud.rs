@@ -104,3 +104,84 @@ impl CloudProvider for E2bProvider {
         Ok(())
     }
 }
+
+/// OpenSandbox: the real `opensandbox-server` with its Docker runtime and the execd stand-in
+/// (`berth_testkit::opensandbox_server`, shared by the run's test processes). The provider's
+/// ground truth is its Docker runtime: one container per sandbox, carrying the create-time
+/// labels.
+pub struct OpenSandboxProvider {
+    server: &'static berth_testkit::opensandbox_server::Server,
+}
+
+impl OpenSandboxProvider {
+    pub async fn start() -> anyhow::Result<Self> {
+        let server = tokio::task::spawn_blocking(berth_testkit::opensandbox_server::server).await?;
+        Ok(Self { server })
+    }
+
+    fn config(&self, key_prefix: &str) -> berth_backend_opensandbox::OpenSandboxConfig {
+        berth_backend_opensandbox::OpenSandboxConfig {
+            api_key_file: Some(self.server.api_key_file.clone()),
+            image: self.server.image.clone(),
+            retry_deadline: std::time::Duration::from_secs(30),
+            ..berth_backend_opensandbox::OpenSandboxConfig::new(self.server.url.clone(), key_prefix)
+        }
+    }
+
+    async fn docker(args: Vec<String>) -> String {
+        let output = tokio::process::Command::new("docker").args(&args).output().await;
+        output.map(|output| String::from_utf8_lossy(&output.stdout).into_owned()).unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl CloudProvider for OpenSandboxProvider {
+    fn backend(&self) -> &'static str {
+        berth_backend_opensandbox::BACKEND_NAME
+    }
+
+    fn node_flags(&self) -> Vec<String> {
+        [
+            "--backend",
+            "opensandbox",
+            "--opensandbox-url",
+            &self.server.url,
+            "--opensandbox-api-key-file",
+            &self.server.api_key_file.display().to_string(),
+            "--opensandbox-image",
+            &self.server.image,
+            "--opensandbox-retry-deadline",
+            "30s",
+        ]
+        .iter()
+        .map(|flag| (*flag).to_owned())
+        .collect()
+    }
+
+    async fn sandboxes_of(&self, key_prefix: &str, workspace_id: &str) -> Vec<String> {
+        use berth_backend_opensandbox::label_keys;
+        let Ok(id) = WorkspaceId::new(workspace_id) else { return Vec::new() };
+        let cluster = format!("label={}={}", label_keys::CLUSTER, label_keys::cluster_value(key_prefix));
+        let workspace = format!("label={}={}", label_keys::WORKSPACE, label_keys::workspace_value(&id));
+        let args = ["ps", "-aq", "--no-trunc", "--filter", &cluster, "--filter", &workspace];
+        let listed = Self::docker(args.iter().map(|arg| (*arg).to_owned()).collect()).await;
+        let mut containers: Vec<String> = listed.split_whitespace().map(str::to_owned).collect();
+        containers.sort();
+        containers
+    }
+
+    async fn is_paused(&self, sandbox: &str) -> bool {
+        let args = ["inspect", "--format", "{{.State.Paused}}", sandbox];
+        Self::docker(args.iter().map(|arg| (*arg).to_owned()).collect()).await.trim() == "true"
+    }
+
+    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
+        let driver = berth_backend_opensandbox::OpenSandboxDriver::new(self.config(key_prefix))?;
+        let id = WorkspaceId::new(workspace_id)?;
+        let root = std::env::temp_dir();
+        let spec = WorkspaceSpec::default();
+        let placement = Placement { generation: 1, owner: "stray", fresh: true };
+        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
+        Ok(())
+    }
+}

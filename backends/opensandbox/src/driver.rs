@@ -246,6 +246,11 @@ impl OpenSandboxDriver {
 
     /// Provision, returning the concrete backend (tests and the bench use its sandbox id).
     pub async fn provision_sandbox(&self, context: ProvisionContext<'_>) -> Result<OpenSandboxBackend> {
+        Ok(self.provision_made(context).await?.0)
+    }
+
+    /// Provision; also whether the sandbox was made now (`true`) or adopted with its files.
+    async fn provision_made(&self, context: ProvisionContext<'_>) -> Result<(OpenSandboxBackend, bool)> {
         let (id, spec, placement) = (context.workspace_id, context.spec, context.placement);
         spec.validate()?;
         let found = self.find(id).await?;
@@ -268,7 +273,7 @@ impl OpenSandboxDriver {
             let created =
                 self.lifecycle.create(&self.create_request(id, spec, placement.owner, placement.generation)).await?;
             self.until_running(&created.id).await?;
-            return self.open(id, &created.id, spec).await;
+            return Ok((self.open(id, &created.id, spec).await?, true));
         }
         // Duplicates (a crash between create and record) are orphans of the newest.
         let (adopted, extra) = found.split_first().expect("found is not empty");
@@ -281,10 +286,10 @@ impl OpenSandboxDriver {
             && existing.sandbox_id() == adopted.id
             && adopted.state() == "Running"
         {
-            return Ok(existing);
+            return Ok((existing, false));
         }
         self.until_running(&adopted.id).await?;
-        self.open(id, &adopted.id, spec).await
+        Ok((self.open(id, &adopted.id, spec).await?, false))
     }
 }
 
@@ -296,6 +301,14 @@ impl BackendDriver for OpenSandboxDriver {
 
     async fn provision(&self, context: ProvisionContext<'_>) -> Result<BackendRef> {
         Ok(Arc::new(self.provision_sandbox(context).await?))
+    }
+
+    /// Says whether an existing sandbox was adopted (`Some(true)`) or one made now: a
+    /// workspace placed before whose sandbox the provider no longer has comes back empty,
+    /// and its answer must say so.
+    async fn provision_reporting(&self, context: ProvisionContext<'_>) -> Result<(BackendRef, Option<bool>)> {
+        let (backend, made) = self.provision_made(context).await?;
+        Ok((Arc::new(backend), Some(!made)))
     }
 
     /// Pauses the sandbox (files and processes kept, nothing runs).

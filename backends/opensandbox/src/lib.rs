@@ -12,8 +12,9 @@
 //! Node-agent flags a gateway maps onto [`OpenSandboxConfig`]:
 //! `--opensandbox-url`, `--opensandbox-api-key-file`, `--opensandbox-execd-token-file`,
 //! `--opensandbox-image`, `--opensandbox-cpu-millis`, `--opensandbox-memory-bytes`,
-//! `--opensandbox-workspace-dir`, `--opensandbox-sandbox-timeout`,
-//! `--opensandbox-retry-deadline`; the cluster prefix is the replica's key prefix.
+//! `--opensandbox-sandbox-timeout`, `--opensandbox-retry-deadline`,
+//! `--opensandbox-request-timeout` (cli/src/commands/server/cloud.rs); the cluster prefix is
+//! the replica's key prefix.
 
 mod backend;
 mod config;
@@ -36,5 +37,9 @@ pub mod label_keys {
     /// The value of [`CLUSTER`] for a cluster key prefix.
     pub fn cluster_value(prefix: &str) -> String {
         crate::labels::cluster_value(prefix)
+    }
+    /// The value of [`WORKSPACE`] for a workspace id.
+    pub fn workspace_value(id: &berth_workspace::id::WorkspaceId) -> String {
+        crate::labels::workspace_value(id)
     }
 }

@@ -291,3 +291,32 @@ async fn execs_leave_no_processes_behind() {
     .await;
     cluster.driver.destroy(&workspace).await.unwrap();
 }
+
+/// The node agent learns from `provision_reporting` whether a portable workspace's files came
+/// along: adopted (`Some(true)`), or made again after the provider lost the sandbox
+/// (`Some(false)`: the workspace then says RECREATED_EMPTY).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provision_reports_whether_the_sandbox_was_made_or_adopted() {
+    let cluster = Cluster::new();
+    let workspace = id("ws-reporting");
+    let root = std::env::temp_dir();
+    let spec = WorkspaceSpec::default();
+    let context = |generation, fresh| ProvisionContext {
+        workspace_id: &workspace,
+        root: &root,
+        spec: &spec,
+        placement: Placement { generation, owner: "alice@example.com", fresh },
+    };
+    let (_, adopted) = cluster.driver.provision_reporting(context(1, true)).await.expect("create");
+    assert_eq!(adopted, Some(false), "a new sandbox was made");
+    let other = cluster.another_gateway();
+    let (_, adopted) = other.provision_reporting(context(2, false)).await.expect("adopt");
+    assert_eq!(adopted, Some(true), "adopted with its files");
+    // Behind Berth's back, the sandbox goes.
+    let containers = cluster.containers();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    support::docker(&["rm", "-f", "-v", &containers[0]]);
+    let third = cluster.another_gateway();
+    let (_, adopted) = third.provision_reporting(context(3, false)).await.expect("made again");
+    assert_eq!(adopted, Some(false), "the provider no longer had it: made again, empty");
+}

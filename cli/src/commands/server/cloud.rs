@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use berth_node_agent::cloud::{CloudConfig, E2bConfig};
+use berth_node_agent::cloud::{CloudConfig, E2bConfig, OpenSandboxConfig};
 use clap::Args;
 
 use super::flags::parse_duration;
@@ -36,6 +36,35 @@ pub struct CloudFlags {
     /// Deadline of one request to E2B (its API or a sandbox's envd).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub e2b_request_timeout: Duration,
+
+    /// Base URL of the OpenSandbox lifecycle server (`--backend opensandbox`), e.g.
+    /// `http://opensandbox:8090`.
+    #[arg(long, env = "BERTH_OPENSANDBOX_URL")]
+    pub opensandbox_url: Option<String>,
+    /// File holding the OpenSandbox API key (none: a server started without one).
+    #[arg(long, env = "BERTH_OPENSANDBOX_API_KEY_FILE")]
+    pub opensandbox_api_key_file: Option<PathBuf>,
+    /// File holding the execd access token, when the server's sandboxes require one.
+    #[arg(long, env = "BERTH_OPENSANDBOX_EXECD_TOKEN_FILE")]
+    pub opensandbox_execd_token_file: Option<PathBuf>,
+    /// Image OpenSandbox sandboxes run when the workspace spec names none.
+    #[arg(long, env = "BERTH_OPENSANDBOX_IMAGE", default_value = "berth/base:latest")]
+    pub opensandbox_image: String,
+    /// CPU of a sandbox whose spec sets none, in millicores (0: the server's default).
+    #[arg(long, default_value_t = 0)]
+    pub opensandbox_cpu_millis: u32,
+    /// Memory of a sandbox whose spec sets none, in bytes (0: the server's default).
+    #[arg(long, default_value_t = 0)]
+    pub opensandbox_memory_bytes: u64,
+    /// The sandbox's lifetime at the provider (at least 60s); none: Berth deletes it.
+    #[arg(long, value_parser = parse_duration)]
+    pub opensandbox_sandbox_timeout: Option<Duration>,
+    /// How long 429 / 5xx / connection failures are retried before a call fails.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub opensandbox_retry_deadline: Duration,
+    /// Deadline of one request to the server or a sandbox's execd.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub opensandbox_request_timeout: Duration,
 }
 
 impl CloudFlags {
@@ -50,6 +79,17 @@ impl CloudFlags {
             request_timeout: self.e2b_request_timeout,
             ..E2bConfig::new(key_file, key_prefix)
         });
-        CloudConfig { key_prefix: key_prefix.to_owned(), e2b }
+        let opensandbox = self.opensandbox_url.as_ref().map(|url| OpenSandboxConfig {
+            api_key_file: self.opensandbox_api_key_file.clone(),
+            execd_token_file: self.opensandbox_execd_token_file.clone(),
+            image: self.opensandbox_image.clone(),
+            default_cpu_millis: self.opensandbox_cpu_millis,
+            default_memory_bytes: self.opensandbox_memory_bytes,
+            sandbox_timeout: self.opensandbox_sandbox_timeout,
+            retry_deadline: self.opensandbox_retry_deadline,
+            request_timeout: self.opensandbox_request_timeout,
+            ..OpenSandboxConfig::new(url.clone(), key_prefix)
+        });
+        CloudConfig { key_prefix: key_prefix.to_owned(), e2b, opensandbox }
     }
 }
