@@ -73,6 +73,18 @@ pub struct BerthProcess {
     /// One lazily connected channel shared by every client of this process (made on the
     /// test's runtime, like the process handle itself).
     channel: Channel,
+    /// The data directory of a `berth up` ([`start_up`]): its Docker workspaces are removed
+    /// when this process is dropped (`crate::leftovers`).
+    data_dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for BerthProcess {
+    fn drop(&mut self) {
+        if let Some(data_dir) = &self.data_dir {
+            self.process.kill();
+            crate::leftovers::remove_workspace_containers_under(data_dir);
+        }
+    }
 }
 
 impl BerthProcess {
@@ -119,7 +131,7 @@ impl BerthProcess {
         let spec = ProcessSpec::new(name, berth_binary()).args(all).env("RUST_LOG", log_filter);
         let process = ManagedProcess::spawn(spec)?;
         let endpoint = format!("http://127.0.0.1:{port}");
-        Ok(Self { channel: channel(&endpoint), process, endpoint })
+        Ok(Self { channel: channel(&endpoint), process, endpoint, data_dir: None })
     }
 
     /// Waits until the process serves (or fails with its log tail when it exits or takes
@@ -270,7 +282,8 @@ where
 pub async fn start_up(data_dir: &Path, extra: &[&str]) -> anyhow::Result<BerthProcess> {
     let mut args = vec!["up".to_owned(), "--data-dir".to_owned(), data_dir.display().to_string()];
     args.extend(extra.iter().map(|flag| (*flag).to_owned()));
-    let up = BerthProcess::start("up", args).await.context("berth up")?;
+    let mut up = BerthProcess::start("up", args).await.context("berth up")?;
+    up.data_dir = Some(data_dir.to_path_buf());
     // The replica serves a moment before its in-process node agent has registered (under
     // load, long enough for a first CreateSession to find no live node).
     let registered =

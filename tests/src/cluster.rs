@@ -121,6 +121,20 @@ pub struct Cluster {
     data_root: TempDir,
 }
 
+impl Drop for Cluster {
+    /// Stops every process, then removes the Docker workspaces its nodes made (a node agent
+    /// keeps them when it stops); the data directories go with `data_root`.
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            node.server.kill();
+        }
+        for replica in &self.replicas {
+            replica.server.kill();
+        }
+        crate::leftovers::remove_workspace_containers_under(self.data_root.path());
+    }
+}
+
 impl Cluster {
     /// Starts the replicas, then the nodes, and waits until every replica lists every node.
     pub async fn start(config: ClusterConfig) -> anyhow::Result<Self> {

@@ -6,6 +6,7 @@ pub mod cloud;
 pub mod cluster;
 pub mod compose;
 pub mod etcd;
+pub mod leftovers;
 pub mod nemesis;
 pub mod observe;
 pub mod process;
