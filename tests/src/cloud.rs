@@ -175,13 +175,26 @@ impl CloudProvider for OpenSandboxProvider {
         Self::docker(args.iter().map(|arg| (*arg).to_owned()).collect()).await.trim() == "true"
     }
 
+    /// Retried while the sandbox's daemon is unavailable (a loaded machine can break its
+    /// first command stream): the orphan is the test's setup, not what it checks.
     async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
         let driver = berth_backend_opensandbox::OpenSandboxDriver::new(self.config(key_prefix))?;
         let id = WorkspaceId::new(workspace_id)?;
         let root = std::env::temp_dir();
         let spec = WorkspaceSpec::default();
         let placement = Placement { generation: 1, owner: "stray", fresh: true };
-        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
-        Ok(())
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let context = ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement };
+            match driver.provision(context).await {
+                Ok(_) => return Ok(()),
+                Err(berth_workspace::WorkspaceError::BackendUnavailable { .. })
+                    if std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 }
