@@ -227,7 +227,10 @@ impl WorkspaceService for Fake {
     async fn unshare_workspace(&self, _: Request<UnshareWorkspaceRequest>) -> Reply<Workspace> {
         Err(Status::unimplemented("not in the fake"))
     }
-    async fn snapshot_workspace(&self, _: Request<berth_proto::v1::SnapshotWorkspaceRequest>) -> Reply<berth_proto::v1::Snapshot> {
+    async fn snapshot_workspace(
+        &self,
+        _: Request<berth_proto::v1::SnapshotWorkspaceRequest>,
+    ) -> Reply<berth_proto::v1::Snapshot> {
         Err(Status::unimplemented("not in the fake"))
     }
     async fn list_snapshots(

@@ -381,7 +381,10 @@ impl Binder {
                             tracing::warn!(ws_id = %record.id, node_id = %node_id, snapshot = %restored.snapshot_id,
                                 failures = ?restore_failures, "restored from an older snapshot: newer ones failed");
                         }
-                        Some(Origin::Restored { snapshot_id: restored.snapshot_id, taken_at_ms: restored.created_unix_ms })
+                        Some(Origin::Restored {
+                            snapshot_id: restored.snapshot_id,
+                            taken_at_ms: restored.created_unix_ms,
+                        })
                     }
                     (None, Some(Origin::RecreatedEmpty { reason })) if !restore_failures.is_empty() => {
                         metrics::restore_done("failed");
@@ -472,7 +475,8 @@ impl Binder {
         let outcome = async {
             let mut client = self.nodes.get(&node.address)?;
             let request = v1::SnapshotRequest { workspace_id: record.id.to_string() };
-            let taken = client.snapshot(node_request(request, record.generation, self.config.provision_timeout)).await?;
+            let taken =
+                client.snapshot(node_request(request, record.generation, self.config.provision_timeout)).await?;
             Ok::<_, ControlPlaneError>(taken.into_inner())
         }
         .await;

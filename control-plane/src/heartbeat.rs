@@ -308,7 +308,11 @@ impl NodeSession {
     /// Records the snapshots a node took on its own as their workspaces' latest, off the
     /// heartbeat loop (a write may wait for a bind lock); each one the fence refuses is
     /// answered with `SnapshotRefused`, so the node says so in its log.
-    fn record_snapshots(&self, snapshots: Vec<v1::SnapshotTaken>, sender: mpsc::Sender<Result<ControlMessage, Status>>) {
+    fn record_snapshots(
+        &self,
+        snapshots: Vec<v1::SnapshotTaken>,
+        sender: mpsc::Sender<Result<ControlMessage, Status>>,
+    ) {
         let store = Arc::clone(&self.store);
         let node_id = self.record.node_id.clone();
         tokio::spawn(async move {

@@ -58,10 +58,7 @@ pub fn describe() {
         SNAPSHOTS_REFUSED,
         "snapshots nodes reported that were not recorded as latest (fenced: an older placement's)"
     );
-    describe_counter!(
-        RESTORES,
-        "re-placements with snapshot candidates, by outcome (restored, fell_back, failed)"
-    );
+    describe_counter!(RESTORES, "re-placements with snapshot candidates, by outcome (restored, fell_back, failed)");
     describe_counter!(SNAPSHOT_GC_BLOBS, "orphaned snapshot blobs the elected sweeper removed");
     describe_counter!(ETCD_CALL_ERRORS, "etcd calls that failed after retries, by operation and error kind");
 }

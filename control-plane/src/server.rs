@@ -146,8 +146,7 @@ pub async fn serve(
     )
     .max_decoding_message_size(config.max_message_bytes)
     .max_encoding_message_size(config.max_message_bytes);
-    let heartbeat =
-        HeartbeatService::new(
+    let heartbeat = HeartbeatService::new(
         Arc::clone(&registry),
         Arc::clone(&store),
         keys,

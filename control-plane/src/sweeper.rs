@@ -79,7 +79,9 @@ impl Sweeper {
     }
 
     async fn collect_snapshot_garbage(&mut self) {
-        if !self.snapshots.enabled() || self.last_snapshot_gc.is_some_and(|last| last.elapsed() < self.snapshot_gc_interval) {
+        if !self.snapshots.enabled()
+            || self.last_snapshot_gc.is_some_and(|last| last.elapsed() < self.snapshot_gc_interval)
+        {
             return;
         }
         self.last_snapshot_gc = Some(Instant::now());

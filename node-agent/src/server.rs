@@ -168,7 +168,9 @@ async fn purge_quarantine(workspaces: Arc<Workspaces>, retention: std::time::Dur
 async fn snapshot_changed(
     workspaces: Arc<Workspaces>,
     snapshots: crate::snapshots::NodeSnapshotsRef,
-    interval: Duration, cancel: CancellationToken) {
+    interval: Duration,
+    cancel: CancellationToken,
+) {
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,

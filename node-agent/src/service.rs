@@ -66,7 +66,15 @@ impl NodeAgentService for NodeAgentApi {
         let restore = RestoreFrom { candidates: request.restore_snapshots, required: request.restore_required };
         let provisioned = tokio::spawn(async move {
             workspaces
-                .provision(&task_id, request.generation, &request.backend, &spec, request.fresh, &request.owner, &restore)
+                .provision(
+                    &task_id,
+                    request.generation,
+                    &request.backend,
+                    &spec,
+                    request.fresh,
+                    &request.owner,
+                    &restore,
+                )
                 .await
         })
         .await

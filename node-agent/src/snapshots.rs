@@ -63,7 +63,11 @@ impl NodeSnapshots {
             Err(error) => {
                 metrics::snapshot_failed("snapshot");
                 tracing::error!(ws_id = %id, generation, %error, "snapshot failed");
-                return Err(NodeError::Snapshot { workspace_id: id.clone(), what: "snapshot", reason: error.to_string() });
+                return Err(NodeError::Snapshot {
+                    workspace_id: id.clone(),
+                    what: "snapshot",
+                    reason: error.to_string(),
+                });
             }
         };
         metrics::snapshot_done(&info, elapsed);
@@ -72,7 +76,9 @@ impl NodeSnapshots {
             uploaded = info.uploaded_bytes, deduplicated = info.deduplicated_bytes, ms = elapsed.as_millis() as u64,
             "snapshot taken");
         match berth_snapshot::prune(self.store.as_ref(), id.as_str(), self.keep).await {
-            Ok(pruned) if !pruned.is_empty() => tracing::debug!(ws_id = %id, pruned = pruned.len(), "old snapshots pruned"),
+            Ok(pruned) if !pruned.is_empty() => {
+                tracing::debug!(ws_id = %id, pruned = pruned.len(), "old snapshots pruned")
+            }
             Ok(_) => {}
             Err(error) => tracing::warn!(ws_id = %id, %error, "pruning old snapshots failed"),
         }
@@ -93,7 +99,8 @@ impl NodeSnapshots {
             Ok((info, failed)) => {
                 let elapsed = started.elapsed();
                 metrics::restore_done(true, elapsed);
-                let failures: Vec<String> = failed.iter().map(|(snapshot, error)| format!("{snapshot}: {error}")).collect();
+                let failures: Vec<String> =
+                    failed.iter().map(|(snapshot, error)| format!("{snapshot}: {error}")).collect();
                 for failure in &failures {
                     metrics::snapshot_failed("restore");
                     tracing::error!(ws_id = %id, failure = %failure, "a snapshot failed to restore; fell back to an older one");

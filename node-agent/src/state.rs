@@ -420,11 +420,8 @@ impl Workspaces {
         }
         // An explicit restore makes the new tree first: the copy held here is replaced only
         // by a snapshot that restored completely.
-        let restored_aside = if restore.required && !driver.portable() {
-            Some(self.restore_aside(id, restore).await?)
-        } else {
-            None
-        };
+        let restored_aside =
+            if restore.required && !driver.portable() { Some(self.restore_aside(id, restore).await?) } else { None };
         if let Some(existing) = self.get(id) {
             if fresh && generation > existing.generation {
                 // A copy the registry does not know: an orphan of a bind that never recorded
@@ -540,10 +537,15 @@ impl Workspaces {
             match std::fs::remove_dir_all(&root) {
                 Ok(()) => {}
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(WorkspaceError::Io { op: "remove", path: root.display().to_string(), source }),
+                Err(source) => {
+                    return Err(WorkspaceError::Io { op: "remove", path: root.display().to_string(), source });
+                }
             }
-            std::fs::rename(&incoming, &root)
-                .map_err(|source| WorkspaceError::Io { op: "rename", path: root.display().to_string(), source })
+            std::fs::rename(&incoming, &root).map_err(|source| WorkspaceError::Io {
+                op: "rename",
+                path: root.display().to_string(),
+                source,
+            })
         })
         .await
         .map_err(|error| WorkspaceError::Backend { backend: "node", message: error.to_string() })?
@@ -758,9 +760,11 @@ impl Workspaces {
 async fn own_like_root(root: &Path, data_dir: &Path) -> Result<(), WorkspaceError> {
     use std::os::unix::fs::MetadataExt;
     let stat = |path: PathBuf| async move {
-        tokio::fs::metadata(&path)
-            .await
-            .map_err(|source| WorkspaceError::Io { op: "stat", path: path.display().to_string(), source })
+        tokio::fs::metadata(&path).await.map_err(|source| WorkspaceError::Io {
+            op: "stat",
+            path: path.display().to_string(),
+            source,
+        })
     };
     let metadata = stat(root.to_path_buf()).await?;
     let (owner, group) = (metadata.uid(), metadata.gid());

@@ -198,11 +198,8 @@ pub async fn run(command: NodesCommand, global: &GlobalArgs, io: &mut Io<'_>) ->
         NodesCommand::Drain { node_id, force: false } => {
             let mut client = connect(global).await?.admin();
             let request = DrainNodeRequest { node_id: node_id.clone(), force: false };
-            let mut stream = client
-                .drain_node_progress(request)
-                .await
-                .rpc_context(|| format!("drain node {node_id}"))?
-                .into_inner();
+            let mut stream =
+                client.drain_node_progress(request).await.rpc_context(|| format!("drain node {node_id}"))?.into_inner();
             let mut moved = Vec::new();
             let table = global.output == crate::output::OutputFormat::Table;
             while let Some(progress) = stream.message().await.rpc_context(|| format!("drain node {node_id}"))? {

@@ -44,8 +44,10 @@ impl From<&Snapshot> for SnapshotView {
 }
 
 fn snapshots_table(snapshots: &[Snapshot]) -> Table {
-    let mut table =
-        Table::new(["SNAPSHOT", "GENERATION", "CREATED", "FILES", "BYTES", "UPLOADED", "LATEST"]).align_right(3).align_right(4).align_right(5);
+    let mut table = Table::new(["SNAPSHOT", "GENERATION", "CREATED", "FILES", "BYTES", "UPLOADED", "LATEST"])
+        .align_right(3)
+        .align_right(4)
+        .align_right(5);
     for snapshot in snapshots {
         table.push_row(vec![
             snapshot.snapshot_id.clone(),

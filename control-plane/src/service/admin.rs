@@ -347,7 +347,7 @@ impl AdminService for AdminApi {
             };
             let (outcome, ()) = tokio::join!(this.migrate(&by, &node_id, workspaces, sender), forward);
             if let Err(error) = outcome {
-                let _ = lines.send(Err(Status::from(error))).await;
+                let _ = lines.send(Err(error)).await;
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(outcome_receiver))))

@@ -45,15 +45,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let mut replica = ControlPlaneConfig::new("replica-up");
     args.replica.apply(&mut replica)?;
     // One store for the replica and the node: by default a directory under the data dir.
-    let snapshot_store = Some(
-        args.snapshots
-            .snapshot_store
-            .clone()
-            .unwrap_or_else(|| {
-                let absolute = data_dir.canonicalize().unwrap_or_else(|_| data_dir.clone());
-                format!("file://{}", absolute.join("snapshots").display())
-            }),
-    );
+    let snapshot_store = Some(args.snapshots.snapshot_store.clone().unwrap_or_else(|| {
+        let absolute = data_dir.canonicalize().unwrap_or_else(|_| data_dir.clone());
+        format!("file://{}", absolute.join("snapshots").display())
+    }));
     args.snapshots.apply_to_replica(&mut replica, snapshot_store.clone());
     // The in-process node agent and the replica share a fresh secret: nothing else on the
     // machine can call the node agent or register a node, whatever --auth says.

@@ -50,18 +50,16 @@ impl AdminApi {
         let Some(migration) = &self.migration else {
             return Err(ControlPlaneError::SnapshotsDisabled { what: format!("migrating node {node_id}") }.into());
         };
-        let node = self.store.node(node_id).ok_or_else(|| ControlPlaneError::NodeNotFound { node_id: node_id.to_owned() })?;
+        let node =
+            self.store.node(node_id).ok_or_else(|| ControlPlaneError::NodeNotFound { node_id: node_id.to_owned() })?;
         let total = workspaces.len() as u32;
         // 1. Snapshot everything first: a failure refuses the drain with nothing changed.
         let mut failures = Vec::new();
         for workspace in &workspaces {
             let outcome = async {
                 let id = berth_workspace::WorkspaceId::new(&workspace.workspace_id)?;
-                let record = self
-                    .store
-                    .load(&id)
-                    .await?
-                    .ok_or_else(|| ControlPlaneError::WorkspaceNotFound(id.to_string()))?;
+                let record =
+                    self.store.load(&id).await?.ok_or_else(|| ControlPlaneError::WorkspaceNotFound(id.to_string()))?;
                 let mut client = self.nodes.get(&node.address)?;
                 let request = v1::SnapshotRequest { workspace_id: id.to_string() };
                 let taken =

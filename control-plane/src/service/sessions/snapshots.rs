@@ -15,7 +15,11 @@ use crate::snapshots::{pointer_of, snapshot_to_proto};
 
 impl Sessions {
     /// Snapshots the workspace on its node now and records it as its latest.
-    pub async fn snapshot_workspace(&self, caller: &Caller, workspace_id: &str) -> Result<v1::Snapshot, ControlPlaneError> {
+    pub async fn snapshot_workspace(
+        &self,
+        caller: &Caller,
+        workspace_id: &str,
+    ) -> Result<v1::Snapshot, ControlPlaneError> {
         let (workspace_id, _) = self.access.workspace(caller, workspace_id, Action::Manage).await?;
         if !self.snapshots.enabled() {
             return Err(ControlPlaneError::SnapshotsDisabled { what: format!("snapshotting {workspace_id}") });
@@ -41,7 +45,8 @@ impl Sessions {
         }
         let mut client = self.nodes.get(&node.address)?;
         let request = v1::SnapshotRequest { workspace_id: workspace_id.to_string() };
-        let taken = client.snapshot(node_request(request, record.generation, self.snapshot_timeout)).await?.into_inner();
+        let taken =
+            client.snapshot(node_request(request, record.generation, self.snapshot_timeout)).await?.into_inner();
         let pointer = pointer_of(&taken);
         self.store.record_snapshot(&workspace_id, &node.node_id, &pointer).await?;
         Ok(v1::Snapshot {
@@ -89,14 +94,19 @@ impl Sessions {
         let listed = self.snapshots.list(workspace_id.as_str()).await?;
         let chosen = match (snapshot_id, &record.snapshot) {
             ("", Some(pointer)) => pointer.id.clone(),
-            ("", None) => listed.first().map(|info| info.id.clone()).ok_or_else(|| ControlPlaneError::SnapshotNotFound {
-                workspace_id: workspace_id.to_string(),
-                snapshot_id: "(latest)".to_owned(),
-            })?,
+            ("", None) => {
+                listed.first().map(|info| info.id.clone()).ok_or_else(|| ControlPlaneError::SnapshotNotFound {
+                    workspace_id: workspace_id.to_string(),
+                    snapshot_id: "(latest)".to_owned(),
+                })?
+            }
             (asked, _) => asked.to_owned(),
         };
         if !listed.iter().any(|info| info.id == chosen) {
-            return Err(ControlPlaneError::SnapshotNotFound { workspace_id: workspace_id.to_string(), snapshot_id: chosen });
+            return Err(ControlPlaneError::SnapshotNotFound {
+                workspace_id: workspace_id.to_string(),
+                snapshot_id: chosen,
+            });
         }
         let bind = BindRequest {
             restore: Some(chosen),
