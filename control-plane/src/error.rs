@@ -74,8 +74,9 @@ pub enum ControlPlaneError {
 
     /// A drain without `force` of a node whose workspaces' data would be lost.
     #[error(
-        "draining node {node_id} would lose the data of {count} workspace(s) (no snapshot store is configured; \
-         they are re-placed empty on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
+        "draining node {node_id} would lose the data of {count} workspace(s) (without snapshots \
+         to move them — a store on replicas and nodes, and another node taking snapshots — they are re-placed empty \
+         on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
         named.join(", "),
         if *more > 0 { format!(" and {more} more") } else { String::new() }
     )]

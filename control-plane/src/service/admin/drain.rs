@@ -32,10 +32,15 @@ pub(super) struct Migration {
 }
 
 impl AdminApi {
-    /// Whether a drain of `node_id` without `force` migrates its workspaces.
+    /// Whether a drain of `node_id` without `force` migrates its workspaces: the replicas
+    /// and the node take snapshots, and another live, undrained node does too (a drain of
+    /// the only node would strand its workspaces).
     pub(super) fn migrates(&self, node_id: &str) -> bool {
         self.migration.as_ref().is_some_and(|migration| migration.snapshots.enabled())
             && self.store.node(node_id).is_some_and(|node| node.snapshots)
+            && self.store.live_nodes().iter().any(|node| {
+                node.node_id != node_id && node.snapshots && self.store.node_holds_workspaces(&node.node_id)
+            })
     }
 
     /// Snapshots, drains and moves every workspace in `workspaces`, sending one progress
