@@ -95,7 +95,19 @@ impl NodeSnapshots {
         into: &Path,
     ) -> (Option<v1::SnapshotTaken>, Vec<String>) {
         let started = Instant::now();
-        match berth_snapshot::restore_latest(self.store.as_ref(), id.as_str(), candidates, into).await {
+        // The engine's restore future is not `Send` (a closure over borrowed manifest
+        // entries), so it cannot run inside the Provision task: it runs to completion on a
+        // blocking-pool thread, driven by this runtime (its own file work goes to the
+        // blocking pool as well).
+        let (store, workspace, list, target) =
+            (Arc::clone(&self.store), id.to_string(), candidates.to_vec(), into.to_path_buf());
+        let runtime = tokio::runtime::Handle::current();
+        let outcome = tokio::task::spawn_blocking(move || {
+            runtime.block_on(berth_snapshot::restore_latest(store.as_ref(), &workspace, &list, &target))
+        })
+        .await
+        .unwrap_or_else(|error| Err(berth_snapshot::SnapshotError::InvalidInput(format!("restore task failed: {error}"))));
+        match outcome {
             Ok((info, failed)) => {
                 let elapsed = started.elapsed();
                 metrics::restore_done(true, elapsed);
