@@ -106,7 +106,9 @@ impl NodeSnapshots {
             runtime.block_on(berth_snapshot::restore_latest(store.as_ref(), &workspace, &list, &target))
         })
         .await
-        .unwrap_or_else(|error| Err(berth_snapshot::SnapshotError::InvalidInput(format!("restore task failed: {error}"))));
+        .unwrap_or_else(|error| {
+            Err(berth_snapshot::SnapshotError::InvalidInput(format!("restore task failed: {error}")))
+        });
         match outcome {
             Ok((info, failed)) => {
                 let elapsed = started.elapsed();

@@ -140,16 +140,18 @@ async fn a_drain_without_force_moves_every_workspace_with_its_files() {
         workspaces.push(placed);
     }
     let drained = workspaces[0].node_id.clone();
-    let on_drained: Vec<&v1::Workspace> =
-        workspaces.iter().filter(|workspace| workspace.node_id == drained).collect();
-    let before: Vec<_> = on_drained
-        .iter()
-        .map(|workspace| tree(&workspace_root(&cluster, &drained, &workspace.workspace_id)))
-        .collect();
+    let on_drained: Vec<&v1::Workspace> = workspaces.iter().filter(|workspace| workspace.node_id == drained).collect();
+    let before: Vec<_> =
+        on_drained.iter().map(|workspace| tree(&workspace_root(&cluster, &drained, &workspace.workspace_id))).collect();
 
     let output = cli(&replica.endpoint, &["nodes", "drain", &drained]);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(output.status.success(), "drain failed: {stdout}{}\n{}", String::from_utf8_lossy(&output.stderr), cluster.logs(40));
+    assert!(
+        output.status.success(),
+        "drain failed: {stdout}{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        cluster.logs(40)
+    );
     let total = on_drained.len();
     for index in 1..=total {
         assert!(stdout.contains(&format!("[{index}/{total}]")), "no progress line {index}/{total}: {stdout}");
@@ -223,9 +225,18 @@ async fn a_corrupted_blob_makes_the_restore_fall_back_to_the_previous_snapshot()
     assert!(missing.is_err(), "a file of the corrupt snapshot came back: {:?}", missing.map(|bytes| bytes.len()));
     let new_node = cluster.node(&back.node_id).expect("new node");
     let newer_id = newer["snapshot_id"].as_str().unwrap();
-    let loud: Vec<String> =
-        new_node.server.log().lines().filter(|line| line.contains(newer_id) && line.contains("ERROR")).map(str::to_owned).collect();
-    assert!(!loud.is_empty(), "the failed restore of {newer_id} is not in the node's log as an error:\n{}", new_node.server.log());
+    let loud: Vec<String> = new_node
+        .server
+        .log()
+        .lines()
+        .filter(|line| line.contains(newer_id) && line.contains("ERROR"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !loud.is_empty(),
+        "the failed restore of {newer_id} is not in the node's log as an error:\n{}",
+        new_node.server.log()
+    );
     let replica_says = cluster.replica_log_lines(&cluster.replicas[0].id, "restored from an older snapshot");
     assert!(!replica_says.is_empty(), "the replica did not warn about the fallback");
 }
@@ -278,7 +289,10 @@ async fn a_snapshot_from_a_fenced_node_is_refused() {
             match message.msg {
                 Some(v1::control_message::Msg::Registered(_)) if !reported => {
                     reported = true;
-                    outbound.send(v1::NodeMessage { msg: Some(v1::node_message::Msg::Report(report.clone())) }).await.ok();
+                    outbound
+                        .send(v1::NodeMessage { msg: Some(v1::node_message::Msg::Report(report.clone())) })
+                        .await
+                        .ok();
                 }
                 Some(v1::control_message::Msg::SnapshotRefused(refused)) => return Some(refused),
                 _ => {}
