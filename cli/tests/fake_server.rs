@@ -227,6 +227,21 @@ impl WorkspaceService for Fake {
     async fn unshare_workspace(&self, _: Request<UnshareWorkspaceRequest>) -> Reply<Workspace> {
         Err(Status::unimplemented("not in the fake"))
     }
+    async fn snapshot_workspace(
+        &self,
+        _: Request<berth_proto::v1::SnapshotWorkspaceRequest>,
+    ) -> Reply<berth_proto::v1::Snapshot> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+    async fn list_snapshots(
+        &self,
+        _: Request<berth_proto::v1::ListSnapshotsRequest>,
+    ) -> Reply<berth_proto::v1::ListSnapshotsResponse> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+    async fn restore_workspace(&self, _: Request<berth_proto::v1::RestoreWorkspaceRequest>) -> Reply<Workspace> {
+        Err(Status::unimplemented("not in the fake"))
+    }
 }
 
 /// Serves `fake` on an ephemeral loopback port for the rest of the test.

@@ -240,6 +240,7 @@ mod tests {
             shared_with: shared.iter().map(|user| (*user).to_owned()).collect(),
             origin: Default::default(),
             origin_generation: 0,
+            snapshot: None,
         }
     }
 

@@ -31,6 +31,7 @@ use crate::node_client::{NodeClients, node_request};
 use crate::placement::Placement;
 use crate::policy::IsolationPolicy;
 use crate::records::{Origin, RECORD_VERSION, StoredState, WorkspaceRecord, now_ms};
+use crate::snapshots::{Snapshots, SnapshotsRef};
 use crate::store::{HolderOutcome, Lock, LockFence, NodePresence, WorkspaceStoreRef};
 use crate::view::ReplicaView;
 
@@ -59,11 +60,15 @@ pub struct BindRequest {
     pub replace_generation: Option<u64>,
     /// Skip the view: the caller found the cached record wrong (e.g. deleted meanwhile).
     pub linearizable: bool,
+    /// Replace the workspace's files with this snapshot (`RestoreWorkspace`): provisioned
+    /// again at a new generation, the copy it held moved to its node's quarantine. Set
+    /// `replace_generation` to the record's generation with it.
+    pub restore: Option<String>,
 }
 
 impl BindRequest {
     pub fn existing(workspace_id: WorkspaceId) -> Self {
-        Self { workspace_id, create: None, replace_generation: None, linearizable: false }
+        Self { workspace_id, create: None, replace_generation: None, linearizable: false, restore: None }
     }
 }
 
@@ -91,6 +96,8 @@ pub struct Binder {
     stats: BindStats,
     /// When this replica first found a node gone that holds a workspace's files.
     absent_since: Mutex<HashMap<String, Instant>>,
+    /// Where a re-placement's restore candidates come from.
+    snapshots: SnapshotsRef,
 }
 
 enum Observed {
@@ -116,7 +123,14 @@ impl Binder {
             inflight: Mutex::new(HashMap::new()),
             stats: BindStats::default(),
             absent_since: Mutex::new(HashMap::new()),
+            snapshots: Arc::new(Snapshots::disabled()),
         }
+    }
+
+    /// Re-placements restore from snapshots listed in `snapshots` (the pointer alone without).
+    pub fn with_snapshots(mut self, snapshots: SnapshotsRef) -> Self {
+        self.snapshots = snapshots;
+        self
     }
 
     /// What binds on this replica did so far.
@@ -301,6 +315,7 @@ impl Binder {
                 shared_with: Vec::new(),
                 origin: Default::default(),
                 origin_generation: 0,
+                snapshot: None,
             },
             (None, None) => {
                 self.store.release_lock(workspace_id, fence).await;
@@ -310,7 +325,18 @@ impl Binder {
         let any_backend = request.create.as_ref().is_some_and(|new| new.any_backend);
         // Where the files are, and whether leaving them behind is allowed yet.
         let moving_reason = self.may_leave(&record).await?;
-        let (node_id, generation, provisioned) = self.place_and_provision(&record, any_backend, fence).await?;
+        // A drained node is still live: it snapshots the copy it holds before the copy
+        // moves, so what was written before the move comes along.
+        if moving_reason.is_some() {
+            self.snapshot_before_move(&mut record).await;
+        }
+        let restore = match &request.restore {
+            Some(snapshot_id) => Restore { candidates: vec![snapshot_id.clone()], replace: true },
+            None if berth_proto::backends::is_portable(&record.backend) => Restore::default(),
+            None => Restore { candidates: self.snapshots.restore_candidates(&record).await, replace: false },
+        };
+        let (node_id, generation, provisioned) =
+            self.place_and_provision(&record, any_backend, fence, &restore).await?;
         if let Err(superseded @ ControlPlaneError::BindSuperseded { .. }) = provisioned {
             // A newer placement exists: recording ours (even as FAILED) would go back in time.
             return Err(superseded);
@@ -319,7 +345,7 @@ impl Binder {
         record.updated_at_ms = now_ms();
         record.changed_by = self.store.replica_id().to_owned();
         let outcome = match provisioned {
-            Ok(Provisioned { backend, created }) => {
+            Ok(Provisioned { backend, created, restored, restore_failures }) => {
                 // A placement that keeps the files keeps the origin of the placement that
                 // made them: a RECREATED_EMPTY stays visible however often the workspace
                 // idles and wakes afterwards, until its files are lost (or restored) again.
@@ -347,6 +373,28 @@ impl Binder {
                     (Some(previous), None) => Some(Origin::RecreatedEmpty {
                         reason: format!("placed again on {node_id}, empty (its files stay on {previous})"),
                     }),
+                };
+                let new_origin = match (restored, new_origin) {
+                    (Some(restored), _) => {
+                        metrics::restore_done(if restore_failures.is_empty() { "restored" } else { "fell_back" });
+                        if !restore_failures.is_empty() {
+                            tracing::warn!(ws_id = %record.id, node_id = %node_id, snapshot = %restored.snapshot_id,
+                                failures = ?restore_failures, "restored from an older snapshot: newer ones failed");
+                        }
+                        Some(Origin::Restored {
+                            snapshot_id: restored.snapshot_id,
+                            taken_at_ms: restored.created_unix_ms,
+                        })
+                    }
+                    (None, Some(Origin::RecreatedEmpty { reason })) if !restore_failures.is_empty() => {
+                        metrics::restore_done("failed");
+                        tracing::error!(ws_id = %record.id, node_id = %node_id, failures = ?restore_failures,
+                            "no snapshot restored; the workspace was made again empty");
+                        Some(Origin::RecreatedEmpty {
+                            reason: format!("{reason}; no snapshot restored: {}", restore_failures.join("; ")),
+                        })
+                    }
+                    (None, other) => other,
                 };
                 match new_origin {
                     Some(origin) => {
@@ -413,6 +461,36 @@ impl Binder {
         }
     }
 
+    /// Asks the live node that holds the workspace (a drained one) for a snapshot of its copy
+    /// under this bind's lock and puts it into the record as its latest, so the move restores
+    /// it. Best effort: a node that does not answer leaves the latest pointer as it was.
+    async fn snapshot_before_move(&self, record: &mut WorkspaceRecord) {
+        if berth_proto::backends::is_portable(&record.backend) || record.state == StoredState::Failed {
+            return;
+        }
+        let Some(node) = record.node_id.as_deref().and_then(|node_id| self.store.node(node_id)) else { return };
+        if !node.snapshots {
+            return;
+        }
+        let outcome = async {
+            let mut client = self.nodes.get(&node.address)?;
+            let request = v1::SnapshotRequest { workspace_id: record.id.to_string() };
+            let taken =
+                client.snapshot(node_request(request, record.generation, self.config.provision_timeout)).await?;
+            Ok::<_, ControlPlaneError>(taken.into_inner())
+        }
+        .await;
+        match outcome {
+            Ok(taken) => {
+                tracing::info!(ws_id = %record.id, node_id = %node.node_id, snapshot = %taken.snapshot_id,
+                    bytes = taken.bytes, "snapshot before the move");
+                crate::snapshots::apply_taken(record, &node.node_id, Some(taken));
+            }
+            Err(error) => tracing::warn!(ws_id = %record.id, node_id = %node.node_id, %error,
+                "no snapshot before the move; restoring the latest recorded one"),
+        }
+    }
+
     /// How long this replica has known `node_id` gone (zero the first time it looks).
     fn absent_for(&self, node_id: &str) -> Duration {
         let mut absent = self.absent_since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -437,6 +515,7 @@ impl Binder {
         record: &WorkspaceRecord,
         any_backend: bool,
         fence: LockFence,
+        restore: &Restore,
     ) -> Result<(String, u64, Result<Provisioned>)> {
         let base = placement_base(record.generation, fence);
         let mut backoff = Duration::from_millis(100);
@@ -460,9 +539,9 @@ impl Binder {
             let fresh = if berth_proto::backends::is_portable(&record.backend) {
                 record.node_id.is_none()
             } else {
-                record.node_id.as_deref() != Some(node.node_id.as_str())
+                restore.replace || record.node_id.as_deref() != Some(node.node_id.as_str())
             };
-            let outcome = self.provision_on(&node.node_id, &node.address, record, generation, fresh).await;
+            let outcome = self.provision_on(&node.node_id, &node.address, record, generation, fresh, restore).await;
             let retryable =
                 matches!(&outcome, Err(ControlPlaneError::ProvisionFailed { code: tonic::Code::Unavailable, .. }));
             if !retryable || attempt == PROVISION_ATTEMPTS {
@@ -484,6 +563,7 @@ impl Binder {
         record: &WorkspaceRecord,
         generation: u64,
         fresh: bool,
+        restore: &Restore,
     ) -> Result<Provisioned> {
         let mut client = self.nodes.get(address)?;
         let message = v1::ProvisionRequest {
@@ -493,6 +573,8 @@ impl Binder {
             spec: Some(berth_proto::convert::spec_to_proto(&record.spec)),
             fresh,
             owner: record.owner.clone(),
+            restore_snapshots: restore.candidates.clone(),
+            restore_required: restore.replace,
         };
         let request = node_request(message, generation, self.config.provision_timeout);
         let started = std::time::Instant::now();
@@ -506,7 +588,12 @@ impl Binder {
         match outcome {
             Ok(response) => {
                 let response = response.into_inner();
-                Ok(Provisioned { backend: response.backend, created: response.created })
+                Ok(Provisioned {
+                    backend: response.backend,
+                    created: response.created,
+                    restored: response.restored,
+                    restore_failures: response.restore_failures,
+                })
             }
             Err(status) if ErrorKind::of(&status) == Some(ErrorKind::StaleGeneration) => {
                 Err(ControlPlaneError::BindSuperseded {
@@ -527,8 +614,21 @@ impl Binder {
 /// What a node answered to a Provision.
 struct Provisioned {
     backend: String,
-    /// The node held no copy of the workspace and made it empty.
+    /// The node held no copy of the workspace and made it empty (or from a snapshot).
     created: bool,
+    /// The snapshot the new copy was restored from.
+    restored: Option<v1::SnapshotTaken>,
+    /// Candidates that failed to restore, newest first (`<id>: <error>`).
+    restore_failures: Vec<String>,
+}
+
+/// What a provision restores a new copy from.
+#[derive(Debug, Default)]
+struct Restore {
+    /// Snapshot ids, newest first; empty: nothing to restore.
+    candidates: Vec<String>,
+    /// Replace the copy the node holds (an explicit restore), not only a missing one.
+    replace: bool,
 }
 
 /// Provision attempts per bind (each at the next generation).

@@ -60,6 +60,16 @@ pub struct ControlPlaneConfig {
     /// How old a labelled sandbox without a workspace record must be before the janitor
     /// removes it (`--sandbox-janitor-grace`).
     pub sandbox_janitor_grace: Duration,
+    /// The cluster's snapshot store (`--snapshot-store`), read for restore candidates, the
+    /// snapshot listing and retention; `None`: snapshots off.
+    pub snapshot_store: Option<String>,
+    /// Snapshots kept per workspace by the elected sweeper (`--snapshot-keep`).
+    pub snapshot_keep: usize,
+    /// How often the elected sweeper prunes snapshots and collects orphaned blobs.
+    pub snapshot_gc_interval: Duration,
+    /// How old an unreferenced blob must be before it is collected (a snapshot in progress
+    /// has uploaded blobs its manifest does not name yet).
+    pub snapshot_gc_grace: Duration,
 }
 
 impl ControlPlaneConfig {
@@ -88,6 +98,9 @@ impl ControlPlaneConfig {
         }
         if self.max_message_bytes < 64 * 1024 {
             return Err("max message size must be at least 64 KiB".into());
+        }
+        if self.snapshot_keep == 0 {
+            return Err("--snapshot-keep must be at least 1".into());
         }
         if !self.key_prefix.starts_with('/') {
             return Err(format!("key prefix {:?} must start with '/'", self.key_prefix));
@@ -120,6 +133,10 @@ impl ControlPlaneConfig {
             max_execs_per_user: 0,
             sandbox_janitor_interval: Duration::from_secs(30),
             sandbox_janitor_grace: Duration::from_secs(600),
+            snapshot_store: None,
+            snapshot_keep: 5,
+            snapshot_gc_interval: Duration::from_secs(600),
+            snapshot_gc_grace: Duration::from_secs(3600),
         }
     }
 

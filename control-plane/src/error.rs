@@ -74,8 +74,9 @@ pub enum ControlPlaneError {
 
     /// A drain without `force` of a node whose workspaces' data would be lost.
     #[error(
-        "draining node {node_id} would lose the data of {count} workspace(s) (no snapshot store is configured; \
-         they are re-placed empty on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
+        "draining node {node_id} would lose the data of {count} workspace(s) (without snapshots \
+         to move them — a store on replicas and nodes, and another node taking snapshots — they are re-placed empty \
+         on another node): {}{}; repeat with force (`berth nodes drain --force`) to drain anyway",
         named.join(", "),
         if *more > 0 { format!(" and {more} more") } else { String::new() }
     )]
@@ -151,6 +152,33 @@ pub enum ControlPlaneError {
     )]
     ViewStale { prefix: String, silent_ms: u64, bound_ms: u64 },
 
+    /// A snapshot taken by a node holding an older (or another) placement: it is never
+    /// recorded as the workspace's latest.
+    #[error(
+        "snapshot {snapshot_id} of workspace {workspace_id} was taken at generation {snapshot_generation} on node \
+         {node_id}, but the workspace is at generation {record_generation}{}: refused as its latest",
+        if record_node.is_empty() { String::new() } else { format!(" on node {record_node}") }
+    )]
+    SnapshotFenced {
+        workspace_id: String,
+        snapshot_id: String,
+        node_id: String,
+        snapshot_generation: u64,
+        record_generation: u64,
+        record_node: String,
+    },
+
+    /// No snapshot store is configured (`--snapshot-store`) where the call needs one.
+    #[error("{what}: no snapshot store is configured (--snapshot-store on replicas and nodes)")]
+    SnapshotsDisabled { what: String },
+
+    /// The snapshot store failed (listing, deleting, collecting garbage).
+    #[error("snapshot store: {reason}")]
+    SnapshotStore { reason: String },
+
+    #[error("snapshot {snapshot_id} of workspace {workspace_id} not found")]
+    SnapshotNotFound { workspace_id: String, snapshot_id: String },
+
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -220,6 +248,10 @@ impl From<ControlPlaneError> for Status {
             E::Auth(_) | E::NodeCredentials | E::NoCaller => Status::unauthenticated(message),
             E::Status(status) => status,
             E::ShuttingDown | E::ViewStale { .. } => mark_retryable(Status::unavailable(message)),
+            E::SnapshotFenced { .. } => ErrorKind::StaleGeneration.attach(Status::failed_precondition(message)),
+            E::SnapshotsDisabled { .. } => Status::failed_precondition(message),
+            E::SnapshotStore { .. } => mark_retryable(Status::unavailable(message)),
+            E::SnapshotNotFound { .. } => Status::not_found(message),
             E::Internal(_) => Status::internal(message),
         }
     }

@@ -32,10 +32,13 @@ use crate::records::{
     now_ms,
 };
 use crate::registry::{Compare, LeaseId, RegistryError, RegistryRef, Txn, TxnOp};
+use crate::store::WorkspaceStoreRef;
 use crate::view::ReplicaView;
 
 pub struct HeartbeatService {
     registry: RegistryRef,
+    /// Records the snapshots nodes report (fenced by generation, `store.rs`).
+    store: WorkspaceStoreRef,
     keys: Keys,
     view: Arc<ReplicaView>,
     config: ControlPlaneConfig,
@@ -45,12 +48,13 @@ pub struct HeartbeatService {
 impl HeartbeatService {
     pub fn new(
         registry: RegistryRef,
+        store: WorkspaceStoreRef,
         keys: Keys,
         view: Arc<ReplicaView>,
         config: ControlPlaneConfig,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { registry, keys, view, config, shutdown }
+        Self { registry, store, keys, view, config, shutdown }
     }
 }
 
@@ -73,7 +77,8 @@ impl NodeService for HeartbeatService {
             }
         };
         validate_register(&register, self.keys.prefix())?;
-        let held = v1::HeartbeatReport { seq: 0, load: None, workspaces: register.workspaces.clone() };
+        let held =
+            v1::HeartbeatReport { seq: 0, load: None, workspaces: register.workspaces.clone(), snapshots: Vec::new() };
         let (mut session, lease_ttl) = NodeSession::register(self, register).await?;
         // Copies superseded while the node was away are named before `Registered`: the node
         // removes them before it lifts its fence, so it never serves a copy another node
@@ -136,6 +141,7 @@ fn validate_register(register: &v1::Register, key_prefix: &str) -> Result<(), Co
 /// State of one node's stream on this replica.
 struct NodeSession {
     registry: RegistryRef,
+    store: WorkspaceStoreRef,
     keys: Keys,
     key: String,
     view: Arc<ReplicaView>,
@@ -202,9 +208,11 @@ impl NodeSession {
             workspace_use: BTreeMap::new(),
             draining: service.view.is_draining(&register.node_id),
             agent_version: register.version,
+            snapshots: register.snapshots,
         };
         let mut session = Self {
             registry,
+            store: Arc::clone(&service.store),
             keys: service.keys.clone(),
             key: service.keys.node(&record.node_id),
             view: Arc::clone(&service.view),
@@ -247,7 +255,7 @@ impl NodeSession {
                 _ = shutdown.cancelled() => return Ok(()),
                 message = inbound.message() => message?,
             };
-            let Some(NodeMessage { msg: Some(NodeMsg::Report(report)) }) = message else {
+            let Some(NodeMessage { msg: Some(NodeMsg::Report(mut report)) }) = message else {
                 return Ok(());
             };
             metrics::heartbeat_gap(last_report.elapsed());
@@ -278,6 +286,9 @@ impl NodeSession {
                     return Ok(());
                 }
             }
+            if !report.snapshots.is_empty() {
+                self.record_snapshots(std::mem::take(&mut report.snapshots), sender.clone());
+            }
             // The workspace count feeds placement and `nodes list`: publish a change at
             // the next heartbeat; everything else at the refresh interval.
             let count_changed = report.workspaces.len() as u32 != self.record.load.workspaces;
@@ -292,6 +303,47 @@ impl NodeSession {
                 return Ok(());
             }
         }
+    }
+
+    /// Records the snapshots a node took on its own as their workspaces' latest, off the
+    /// heartbeat loop (a write may wait for a bind lock); each one the fence refuses is
+    /// answered with `SnapshotRefused`, so the node says so in its log.
+    fn record_snapshots(
+        &self,
+        snapshots: Vec<v1::SnapshotTaken>,
+        sender: mpsc::Sender<Result<ControlMessage, Status>>,
+    ) {
+        let store = Arc::clone(&self.store);
+        let node_id = self.record.node_id.clone();
+        tokio::spawn(async move {
+            for taken in snapshots {
+                let Ok(workspace_id) = berth_workspace::WorkspaceId::new(&taken.workspace_id) else { continue };
+                let pointer = crate::snapshots::pointer_of(&taken);
+                match store.record_snapshot(&workspace_id, &node_id, &pointer).await {
+                    Ok(_) => {
+                        tracing::info!(ws_id = %workspace_id, node_id = %node_id, snapshot = %taken.snapshot_id, generation = taken.generation, "snapshot recorded as latest");
+                    }
+                    Err(error) => {
+                        let record_generation = match &error {
+                            ControlPlaneError::SnapshotFenced { record_generation, .. } => *record_generation,
+                            _ => 0,
+                        };
+                        metrics::snapshot_refused();
+                        tracing::warn!(ws_id = %workspace_id, node_id = %node_id, snapshot = %taken.snapshot_id, %error, "snapshot not recorded");
+                        let refused = ControlMsg::SnapshotRefused(v1::SnapshotRefused {
+                            workspace_id: taken.workspace_id.clone(),
+                            snapshot_id: taken.snapshot_id.clone(),
+                            generation: taken.generation,
+                            record_generation,
+                            reason: error.to_string(),
+                        });
+                        if sender.send(Ok(ControlMessage { msg: Some(refused) })).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
     }
 
     fn absorb(&mut self, report: v1::HeartbeatReport) {
@@ -468,6 +520,7 @@ mod tests {
             shared_with: Vec::new(),
             origin: Default::default(),
             origin_generation: 0,
+            snapshot: None,
         }
     }
 

@@ -25,6 +25,7 @@ pub mod router;
 pub mod sandbox_janitor;
 pub mod server;
 pub mod service;
+pub mod snapshots;
 pub mod store;
 pub mod sweeper;
 pub mod view;

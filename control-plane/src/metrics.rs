@@ -30,6 +30,9 @@ pub const HEARTBEAT_STREAMS: &str = "berth_control_plane_heartbeat_streams";
 pub const ETCD_CALL_SECONDS: &str = "berth_control_plane_etcd_call_duration_seconds";
 pub const ETCD_CALL_ERRORS: &str = "berth_control_plane_etcd_call_errors_total";
 pub const SANDBOXES_REMOVED: &str = "berth_control_plane_janitor_sandboxes_removed_total";
+pub const SNAPSHOTS_REFUSED: &str = "berth_control_plane_snapshots_refused_total";
+pub const RESTORES: &str = "berth_control_plane_restores_total";
+pub const SNAPSHOT_GC_BLOBS: &str = "berth_control_plane_snapshot_gc_blobs_removed_total";
 
 /// Registers help texts (once per process; harmless without a recorder).
 pub fn describe() {
@@ -51,9 +54,24 @@ pub fn describe() {
     );
     describe_gauge!(HEARTBEAT_STREAMS, "heartbeat streams held by this replica");
     describe_histogram!(ETCD_CALL_SECONDS, Unit::Seconds, "etcd calls including retries, by operation");
+    describe_counter!(
+        SNAPSHOTS_REFUSED,
+        "snapshots nodes reported that were not recorded as latest (fenced: an older placement's)"
+    );
+    describe_counter!(RESTORES, "re-placements with snapshot candidates, by outcome (restored, fell_back, failed)");
+    describe_counter!(SNAPSHOT_GC_BLOBS, "orphaned snapshot blobs the elected sweeper removed");
     describe_counter!(ETCD_CALL_ERRORS, "etcd calls that failed after retries, by operation and error kind");
 }
 
+pub(crate) fn snapshot_refused() {
+    counter!(SNAPSHOTS_REFUSED).increment(1);
+}
+pub(crate) fn restore_done(outcome: &'static str) {
+    counter!(RESTORES, "outcome" => outcome).increment(1);
+}
+pub(crate) fn snapshot_gc(blobs: u64) {
+    counter!(SNAPSHOT_GC_BLOBS).increment(blobs);
+}
 pub(crate) fn bind_started() {
     counter!(BINDS_STARTED).increment(1);
 }

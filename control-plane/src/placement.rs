@@ -154,6 +154,7 @@ mod tests {
             workspace_use: BTreeMap::new(),
             draining: false,
             agent_version: String::new(),
+            snapshots: false,
         }
     }
 

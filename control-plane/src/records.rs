@@ -68,6 +68,25 @@ pub struct WorkspaceRecord {
     /// The generation of that placement (0 in records older than it).
     #[serde(default)]
     pub origin_generation: u64,
+    /// The latest snapshot of the workspace's files (docs/design.md §4.8). Written only in a
+    /// transaction that compares the record's generation with the snapshot's: a snapshot
+    /// taken by a node holding an older placement never becomes latest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotPointer>,
+}
+
+/// The latest snapshot of a workspace: a field of [`WorkspaceRecord`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotPointer {
+    pub id: String,
+    /// The placement that took it (the record's generation when it was recorded).
+    pub generation: u64,
+    /// When it was taken, on the node's clock.
+    pub taken_at_ms: i64,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub files: u64,
 }
 
 /// How a workspace's current copy came to be; every Workspace answer carries it, so a
@@ -161,6 +180,9 @@ pub struct NodeRecord {
     pub draining: bool,
     #[serde(default)]
     pub agent_version: String,
+    /// The node has a snapshot store: it snapshots its workspaces and restores from them.
+    #[serde(default)]
+    pub snapshots: bool,
 }
 
 /// One workspace's use as its node last reported it (a field of [`NodeRecord`]).

@@ -84,13 +84,25 @@ pub async fn serve(
         Arc::clone(&lease),
         config.replica_id.clone(),
     ));
-    let binder = Arc::new(Binder::new(Arc::clone(&store), Arc::clone(&view), Arc::clone(&nodes), config.clone()));
+    let snapshots = Arc::new(
+        crate::snapshots::Snapshots::open(config.snapshot_store.as_deref(), config.snapshot_keep)
+            .map_err(ServeError::Config)?,
+    );
+    let binder = Arc::new(
+        Binder::new(Arc::clone(&store), Arc::clone(&view), Arc::clone(&nodes), config.clone())
+            .with_snapshots(Arc::clone(&snapshots)),
+    );
     let router =
         Arc::new(Router::new(Arc::clone(&binder), Arc::clone(&store), Arc::clone(&nodes), config.view_max_staleness));
     let quotas = Arc::new(UserQuotas::new(config.max_workspaces_per_user, config.max_execs_per_user));
     let access = Access::new(Arc::clone(&store), quotas);
-    let sessions = Sessions::new(binder, Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config);
-    tokio::spawn(Sweeper::new(Arc::clone(&store), Arc::clone(&nodes), &config).run(tasks.clone()));
+    let sessions = Sessions::new(Arc::clone(&binder), Arc::clone(&store), Arc::clone(&nodes), access.clone(), &config)
+        .with_snapshots(Arc::clone(&snapshots));
+    tokio::spawn(
+        Sweeper::new(Arc::clone(&store), Arc::clone(&nodes), &config)
+            .with_snapshots(Arc::clone(&snapshots), config.snapshot_gc_interval, config.snapshot_gc_grace)
+            .run(tasks.clone()),
+    );
     tokio::spawn(crate::lock_janitor::LockJanitor::new(Arc::clone(&store)).run(tasks.clone()));
     tokio::spawn(
         crate::sandbox_janitor::SandboxJanitor::new(
@@ -120,19 +132,28 @@ pub async fn serve(
         WorkspaceServiceServer::new(WorkspaceApi::new(router, sessions, access, config.node_call_timeout))
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes);
-    let admin_api = AdminServiceServer::new(AdminApi::new(
-        store,
-        Arc::clone(&nodes),
-        config.node_call_timeout,
-        Arc::clone(&view),
-        Arc::clone(&registry),
-        keys.clone(),
-        config.replica_id.clone(),
-    ))
+    let admin_api = AdminServiceServer::new(
+        AdminApi::new(
+            Arc::clone(&store),
+            Arc::clone(&nodes),
+            config.node_call_timeout,
+            Arc::clone(&view),
+            Arc::clone(&registry),
+            keys.clone(),
+            config.replica_id.clone(),
+        )
+        .with_migration(binder, Arc::clone(&snapshots), config.provision_timeout),
+    )
     .max_decoding_message_size(config.max_message_bytes)
     .max_encoding_message_size(config.max_message_bytes);
-    let heartbeat =
-        HeartbeatService::new(Arc::clone(&registry), keys, Arc::clone(&view), config.clone(), shutdown.clone());
+    let heartbeat = HeartbeatService::new(
+        Arc::clone(&registry),
+        Arc::clone(&store),
+        keys,
+        Arc::clone(&view),
+        config.clone(),
+        shutdown.clone(),
+    );
     tracing::info!(
         replica_id = %config.replica_id,
         address = %config.advertise_address,
@@ -142,6 +163,7 @@ pub async fn serve(
         node_secret = config.node_secret.is_some(),
         node_mtls = config.node_tls.is_some(),
         tls = config.tls.is_some(),
+        snapshots = %snapshots.describe(),
         "control plane serving"
     );
     let mut builder = tonic::transport::Server::builder();

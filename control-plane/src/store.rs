@@ -21,7 +21,9 @@ use futures::StreamExt;
 use crate::error::{ControlPlaneError, Result};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
-use crate::records::{self, NodeRecord, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord, WorkspaceUse};
+use crate::records::{
+    self, NodeRecord, SessionRecord, SnapshotPointer, StoredState, TombstoneRecord, WorkspaceRecord, WorkspaceUse,
+};
 use crate::registry::{self, Compare, CompareOp, CompareTarget, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
 use crate::view::{EffectiveState, ReplicaView};
 
@@ -235,6 +237,76 @@ impl WorkspaceStore {
             changes.push(TxnOp::put(self.keys.tombstone(workspace_id.as_str()), records::encode(tombstone)));
         }
         self.fenced_all(workspace_id, fence, changes).await
+    }
+
+    /// Records `pointer` as the workspace's latest snapshot, taken by `node_id`, outside a
+    /// bind lock (interval and on-demand snapshots): only if the record still places the
+    /// workspace on that node at the snapshot's generation — compared in the same
+    /// transaction as the write, through the record's mod revision — and no bind lock is
+    /// held (a bind or state change in flight writes the record it read, which would drop
+    /// the pointer; it is retried briefly, then answered [`ControlPlaneError::LockBusy`]).
+    /// A snapshot of another placement is [`ControlPlaneError::SnapshotFenced`]; one older
+    /// than the recorded pointer is kept out (the record is answered unchanged).
+    pub async fn record_snapshot(
+        &self,
+        workspace_id: &WorkspaceId,
+        node_id: &str,
+        pointer: &SnapshotPointer,
+    ) -> Result<WorkspaceRecord> {
+        let key = self.keys.workspace(workspace_id);
+        let lock_key = self.keys.lock(workspace_id);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            let read = self.registry.txn(Txn::new().and_then([TxnOp::get(&key), TxnOp::get(&lock_key)])).await?;
+            let kv = match read.responses.first() {
+                Some(TxnOpResponse::Get(Some(kv))) => kv.clone(),
+                _ => {
+                    return Err(ControlPlaneError::SnapshotFenced {
+                        workspace_id: workspace_id.to_string(),
+                        snapshot_id: pointer.id.clone(),
+                        node_id: node_id.to_owned(),
+                        snapshot_generation: pointer.generation,
+                        record_generation: 0,
+                        record_node: String::new(),
+                    });
+                }
+            };
+            let mut record = records::decode::<WorkspaceRecord>(&key, &kv.value)?;
+            if record.generation != pointer.generation || record.node_id.as_deref() != Some(node_id) {
+                return Err(ControlPlaneError::SnapshotFenced {
+                    workspace_id: workspace_id.to_string(),
+                    snapshot_id: pointer.id.clone(),
+                    node_id: node_id.to_owned(),
+                    snapshot_generation: pointer.generation,
+                    record_generation: record.generation,
+                    record_node: record.node_id.clone().unwrap_or_default(),
+                });
+            }
+            if record.snapshot.as_ref().is_some_and(|latest| {
+                latest.id == pointer.id
+                    || (latest.generation == pointer.generation && latest.taken_at_ms > pointer.taken_at_ms)
+            }) {
+                return Ok(record);
+            }
+            let locked = matches!(read.responses.get(1), Some(TxnOpResponse::Get(Some(_))));
+            if !locked {
+                record.snapshot = Some(pointer.clone());
+                let write = Txn::new()
+                    .when([Compare::mod_revision(&key, kv.mod_revision), Compare::absent(&lock_key)])
+                    .and_then([TxnOp::put(&key, records::encode(&record))]);
+                if self.registry.txn(write).await?.succeeded {
+                    // Folded into the view at once (the watch follows).
+                    let _ = self.load(workspace_id).await;
+                    return Ok(record);
+                }
+            }
+            if tokio::time::Instant::now() + backoff > deadline {
+                return Err(ControlPlaneError::LockBusy { workspace_id: workspace_id.to_string() });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(400));
+        }
     }
 
     /// Deletes a tombstone once its node confirmed the copy gone, if it is still the one

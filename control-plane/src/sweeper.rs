@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ControlPlaneConfig;
 use crate::node_client::{NodeClients, node_request};
 use crate::records::{StoredState, WorkspaceRecord, now_ms};
+use crate::snapshots::{Snapshots, SnapshotsRef};
 use crate::store::{Leadership, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
@@ -44,6 +45,11 @@ pub struct Sweeper {
     /// first saw each: they are idle for as long as they have been seen, not since 1970.
     unreported_since: HashMap<(String, u64), Instant>,
     pub stats: Arc<SweeperStats>,
+    /// Snapshot retention and garbage collection, every `snapshot_gc_interval`.
+    snapshots: SnapshotsRef,
+    snapshot_gc_interval: Duration,
+    snapshot_gc_grace: Duration,
+    last_snapshot_gc: Option<Instant>,
 }
 
 impl Sweeper {
@@ -56,7 +62,30 @@ impl Sweeper {
             node_call_timeout: config.node_call_timeout,
             unreported_since: HashMap::new(),
             stats: Arc::new(SweeperStats::default()),
+            snapshots: Arc::new(Snapshots::disabled()),
+            snapshot_gc_interval: config.snapshot_gc_interval,
+            snapshot_gc_grace: config.snapshot_gc_grace,
+            last_snapshot_gc: None,
         }
+    }
+
+    /// As leader, also prunes snapshots to `--snapshot-keep` and collects blobs no manifest
+    /// references (older than `grace`) every `interval`.
+    pub fn with_snapshots(mut self, snapshots: SnapshotsRef, interval: Duration, grace: Duration) -> Self {
+        self.snapshots = snapshots;
+        self.snapshot_gc_interval = interval;
+        self.snapshot_gc_grace = grace;
+        self
+    }
+
+    async fn collect_snapshot_garbage(&mut self) {
+        if !self.snapshots.enabled()
+            || self.last_snapshot_gc.is_some_and(|last| last.elapsed() < self.snapshot_gc_interval)
+        {
+            return;
+        }
+        self.last_snapshot_gc = Some(Instant::now());
+        self.snapshots.sweep(&self.store.workspaces(), self.snapshot_gc_grace).await;
     }
 
     pub async fn run(mut self, cancel: CancellationToken) {
@@ -71,6 +100,7 @@ impl Sweeper {
                     self.stats.leader.store(1, Ordering::Relaxed);
                     self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
                     self.sweep().await;
+                    self.collect_snapshot_garbage().await;
                 }
                 Ok(false) => {
                     self.stats.leader.store(0, Ordering::Relaxed);
@@ -150,13 +180,17 @@ impl Sweeper {
             let released = async {
                 let mut client = self.nodes.get(&node.address)?;
                 let request = v1::ReleaseRequest { workspace_id: record.id.to_string() };
-                client.release(node_request(request, record.generation, self.node_call_timeout)).await?;
-                Ok::<_, tonic::Status>(())
+                let response = client.release(node_request(request, record.generation, self.node_call_timeout)).await?;
+                Ok::<_, tonic::Status>(response.into_inner())
             }
             .await;
-            if let Err(status) = released {
-                store.release_lock(&seen.id, fence).await;
-                return Err(status.into());
+            match released {
+                // The snapshot taken on Release goes into the record under this lock.
+                Ok(response) => crate::snapshots::apply_taken(&mut record, &node.node_id, response.snapshot),
+                Err(status) => {
+                    store.release_lock(&seen.id, fence).await;
+                    return Err(status.into());
+                }
             }
         }
         record.state = StoredState::Idle;

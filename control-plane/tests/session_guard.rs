@@ -33,6 +33,7 @@ fn record(id: &WorkspaceId) -> WorkspaceRecord {
         shared_with: Vec::new(),
         origin: Origin::Fresh,
         origin_generation: 9,
+        snapshot: None,
     }
 }
 

@@ -64,7 +64,18 @@ pub struct NodeAgentConfig {
     pub bubblewrap: BubblewrapConfig,
     /// Cloud backends (a gateway): the cluster's key prefix and each provider's settings.
     pub cloud: crate::cloud::CloudConfig,
+    /// Where this node's workspaces are snapshotted (`--snapshot-store`: `file://…`,
+    /// `redis://…`, `s3://…`); `None`: no snapshots.
+    pub snapshot_store: Option<String>,
+    /// Snapshot every changed workspace this often (`--snapshot-interval`); `None`: only on
+    /// Release, before a move and on demand.
+    pub snapshot_interval: Option<Duration>,
+    /// Snapshots kept per workspace (`--snapshot-keep`), the newest.
+    pub snapshot_keep: usize,
 }
+
+/// Default of [`NodeAgentConfig::snapshot_keep`].
+pub const DEFAULT_SNAPSHOT_KEEP: usize = 5;
 
 /// Default of [`NodeAgentConfig::exec_output_budget_bytes`]: two unary execs at the
 /// 64 MiB per-stream ceiling, or 128 at the 1 MiB default.
@@ -98,6 +109,9 @@ impl NodeAgentConfig {
             sandbox_allow_cidrs: Vec::new(),
             bubblewrap: BubblewrapConfig::default(),
             cloud: crate::cloud::CloudConfig::default(),
+            snapshot_store: None,
+            snapshot_interval: None,
+            snapshot_keep: DEFAULT_SNAPSHOT_KEEP,
         }
     }
 
@@ -129,6 +143,15 @@ impl NodeAgentConfig {
         }
         if self.client_ca.is_some() && self.tls.is_none() {
             return Err("a client CA (mutual TLS) needs the node's own certificate and key too".into());
+        }
+        if self.snapshot_keep == 0 {
+            return Err("--snapshot-keep must be at least 1".into());
+        }
+        if self.snapshot_interval.is_some_and(|interval| interval < Duration::from_secs(1)) {
+            return Err("--snapshot-interval must be at least 1s".into());
+        }
+        if self.snapshot_interval.is_some() && self.snapshot_store.is_none() {
+            return Err("--snapshot-interval needs --snapshot-store".into());
         }
         if self.max_execs_per_workspace == 0 {
             return Err("max execs per workspace must be at least 1".into());

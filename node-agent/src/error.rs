@@ -79,6 +79,14 @@ pub enum NodeError {
     #[error("node agents accept only the control plane's credentials")]
     Unauthenticated,
 
+    /// The node has no snapshot store (`--snapshot-store`).
+    #[error("this node has no snapshot store (--snapshot-store)")]
+    SnapshotsDisabled,
+
+    /// A snapshot or restore failed (the store, a corrupt blob, the workspace's files).
+    #[error("workspace {workspace_id}: {what} failed: {reason}")]
+    Snapshot { workspace_id: WorkspaceId, what: &'static str, reason: String },
+
     /// The inbound stream broke; its status is passed on as it is.
     #[error("{}", .0.message())]
     Stream(Status),
@@ -110,6 +118,8 @@ impl From<NodeError> for Status {
             E::ProvisionTask { .. } => Status::internal(message),
             E::Unauthenticated => Status::unauthenticated(message),
             E::ReplicaOnly => Status::unimplemented(message),
+            E::SnapshotsDisabled => Status::failed_precondition(message),
+            E::Snapshot { .. } => Status::failed_precondition(message),
             E::Stream(status) => status,
         }
     }

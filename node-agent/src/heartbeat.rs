@@ -174,6 +174,7 @@ impl Heartbeater {
             capacity_workspaces: self.config.capacity_workspaces,
             workspaces: self.workspaces.all().iter().map(|entry| local_workspace(entry, 0)).collect(),
             key_prefix: self.config.cloud.key_prefix.clone(),
+            snapshots: self.workspaces.snapshots().is_some(),
         };
         let register_sent = Instant::now();
         outbound
@@ -217,6 +218,9 @@ impl Heartbeater {
         tracing::info!(node_id = %self.config.node_id, replica = %registered.replica_id, lease = registered.lease_id, "heartbeating");
 
         let mut sent: HashMap<u64, Instant> = HashMap::new();
+        // Interval snapshots sent in unacknowledged reports: queued again if the stream ends
+        // before the ack (the replica records a snapshot once, whatever the repeats).
+        let mut unacked_snapshots = UnackedSnapshots { snapshots: self.workspaces.snapshots(), by_seq: HashMap::new() };
         let mut seq = 0u64;
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -241,7 +245,8 @@ impl Heartbeater {
                     sent.insert(seq, Instant::now());
                     // Reports older than a few intervals will never be acknowledged.
                     sent.retain(|&sequence, _| sequence + 16 > seq);
-                    let report = self.report(seq);
+                    let mut report = self.report(seq);
+                    report.snapshots = unacked_snapshots.take(seq);
                     if outbound.send(NodeMessage { msg: Some(NodeMsg::Report(report)) }).await.is_err() {
                         return Err("stream closed".into());
                     }
@@ -250,6 +255,7 @@ impl Heartbeater {
                     let message = message.map_err(|status| status.message().to_owned())?;
                     match message.and_then(|message| message.msg) {
                         Some(ControlMsg::Ack(ack)) => {
+                            unacked_snapshots.acked(ack.seq);
                             if let Some(sent_at) = sent.remove(&ack.seq) {
                                 // The TTL etcd answered to this report's keep-alive (a replica
                                 // that does not send it: the registration's).
@@ -270,6 +276,12 @@ impl Heartbeater {
                             if let Some(stale) = destroy_stale_of(command) {
                                 tokio::spawn(destroy_stale(Arc::clone(&self.workspaces), stale));
                             }
+                        }
+                        Some(ControlMsg::SnapshotRefused(refused)) => {
+                            crate::metrics::snapshot_failed("refused");
+                            tracing::error!(ws_id = %refused.workspace_id, snapshot = %refused.snapshot_id,
+                                generation = refused.generation, record_generation = refused.record_generation,
+                                reason = %refused.reason, "the control plane refused a snapshot of this node as the workspace's latest");
                         }
                         Some(ControlMsg::Registered(_)) => {}
                         None => return Err("replica closed the stream".into()),
@@ -309,6 +321,39 @@ impl Heartbeater {
                     local_workspace(entry, u32::try_from(mcp_live).unwrap_or(u32::MAX))
                 })
                 .collect(),
+            snapshots: Vec::new(),
+        }
+    }
+}
+
+/// Interval snapshots in flight on one heartbeat stream, by report.
+struct UnackedSnapshots {
+    snapshots: Option<crate::snapshots::NodeSnapshotsRef>,
+    by_seq: HashMap<u64, Vec<v1::SnapshotTaken>>,
+}
+
+impl UnackedSnapshots {
+    /// The queued snapshots for report `seq`.
+    fn take(&mut self, seq: u64) -> Vec<v1::SnapshotTaken> {
+        let Some(snapshots) = &self.snapshots else { return Vec::new() };
+        let taken = snapshots.drain_unreported();
+        if !taken.is_empty() {
+            self.by_seq.insert(seq, taken.clone());
+        }
+        taken
+    }
+
+    fn acked(&mut self, seq: u64) {
+        self.by_seq.remove(&seq);
+    }
+}
+
+impl Drop for UnackedSnapshots {
+    fn drop(&mut self) {
+        if let Some(snapshots) = &self.snapshots {
+            for (_, taken) in self.by_seq.drain() {
+                snapshots.requeue(taken);
+            }
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod quarantine;
 pub mod server;
 pub mod service;
+pub mod snapshots;
 pub mod state;
 
 pub use config::NodeAgentConfig;

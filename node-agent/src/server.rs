@@ -13,6 +13,7 @@ use crate::auth::NodeAuthLayer;
 use crate::config::NodeAgentConfig;
 use crate::contract::Contract;
 use crate::data_plane::DataPlane;
+use crate::error::NodeError;
 use crate::fence::Fence;
 use crate::files::Files;
 use crate::gate::Gate;
@@ -65,6 +66,11 @@ pub async fn serve(
     let contract =
         Arc::new(Contract::new(config.contract.clone(), config.data_dir.join("secrets"), output_budget.clone()));
     workspaces.add_hook(contract.clone());
+    if let Some(url) = &config.snapshot_store {
+        let snapshots = crate::snapshots::NodeSnapshots::open(url, config.snapshot_keep).map_err(ServeError::Config)?;
+        tracing::info!(node_id = %config.node_id, store = %snapshots.describe(), interval = ?config.snapshot_interval, "snapshots on");
+        workspaces.set_snapshots(Arc::new(snapshots));
+    }
     workspaces.restore(&config.limits).await?;
     // Fenced until the first registration: no lease, no serving.
     let fence = Arc::new(Fence::new());
@@ -75,6 +81,9 @@ pub async fn serve(
             .with_mcp_pool(contract.mcp().pool().clone());
     let heartbeat_task = tokio::spawn(heartbeater.run(tasks.clone()));
     tokio::spawn(purge_quarantine(Arc::clone(&workspaces), config.quarantine_retention, tasks.clone()));
+    if let (Some(snapshots), Some(interval)) = (workspaces.snapshots(), config.snapshot_interval) {
+        tokio::spawn(snapshot_changed(Arc::clone(&workspaces), snapshots, interval, tasks.clone()));
+    }
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NodeAgentServiceServer<NodeAgentApi>>().await;
@@ -149,6 +158,38 @@ async fn purge_quarantine(workspaces: Arc<Workspaces>, retention: std::time::Dur
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Every `interval`, snapshots each workspace that changed since its last snapshot and
+/// queues it for the heartbeat. One workspace at a time: snapshots are I/O-heavy and the
+/// node serves meanwhile.
+async fn snapshot_changed(
+    workspaces: Arc<Workspaces>,
+    snapshots: crate::snapshots::NodeSnapshotsRef,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        for entry in workspaces.all() {
+            if cancel.is_cancelled() {
+                return;
+            }
+            if !entry.changed_since_snapshot() {
+                continue;
+            }
+            match workspaces.snapshot(&entry.id, Some(entry.generation), false).await {
+                Ok(Some(taken)) => snapshots.queue(taken),
+                Ok(None) => {}
+                // Logged by `take`; a copy that moved meanwhile is not an error.
+                Err(NodeError::WrongGeneration { .. } | NodeError::NotHeld { .. }) => {}
+                Err(error) => tracing::debug!(ws_id = %entry.id, %error, "interval snapshot skipped"),
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::gate::Gate;
 use crate::limits::NodeLimits;
 use crate::metrics;
 use crate::quarantine::QuarantineEntry;
-use crate::state::{Entry, Workspaces};
+use crate::state::{Entry, RestoreFrom, Workspaces};
 
 pub struct NodeAgentApi {
     gate: Arc<Gate>,
@@ -63,9 +63,18 @@ impl NodeAgentService for NodeAgentApi {
         let task_id = id.clone();
         let asked_backend = if request.backend.is_empty() { "default".to_owned() } else { request.backend.clone() };
         let started = std::time::Instant::now();
+        let restore = RestoreFrom { candidates: request.restore_snapshots, required: request.restore_required };
         let provisioned = tokio::spawn(async move {
             workspaces
-                .provision(&task_id, request.generation, &request.backend, &spec, request.fresh, &request.owner)
+                .provision(
+                    &task_id,
+                    request.generation,
+                    &request.backend,
+                    &spec,
+                    request.fresh,
+                    &request.owner,
+                    &restore,
+                )
                 .await
         })
         .await
@@ -73,15 +82,43 @@ impl NodeAgentService for NodeAgentApi {
         let backend_label = provisioned.as_ref().map(|done| done.backend.as_str()).unwrap_or(&asked_backend);
         metrics::provision_done(backend_label, provisioned.is_ok(), started.elapsed());
         let provisioned = provisioned.map_err(Status::from)?;
-        tracing::info!(ws_id = %id, generation = request.generation, backend = %provisioned.backend, created = provisioned.created, "provisioned");
-        Ok(Response::new(v1::ProvisionResponse { created: provisioned.created, backend: provisioned.backend }))
+        tracing::info!(ws_id = %id, generation = request.generation, backend = %provisioned.backend, created = provisioned.created,
+            restored = provisioned.restored.as_ref().map(|taken| taken.snapshot_id.as_str()), "provisioned");
+        Ok(Response::new(v1::ProvisionResponse {
+            created: provisioned.created,
+            backend: provisioned.backend,
+            restored: provisioned.restored,
+            restore_failures: provisioned.restore_failures,
+        }))
     }
 
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, Status> {
         let generation = generation_of(&request);
         let id = workspace_id(&request.get_ref().workspace_id)?;
-        self.workspaces().release(&id, generation).await?;
-        Ok(Response::new(v1::ReleaseResponse {}))
+        let snapshot = self.workspaces().release(&id, generation).await?;
+        Ok(Response::new(v1::ReleaseResponse { snapshot }))
+    }
+
+    async fn snapshot(&self, request: Request<v1::SnapshotRequest>) -> Result<Response<v1::SnapshotTaken>, Status> {
+        self.gate.check_serving()?;
+        let generation = generation_of(&request);
+        let id = workspace_id(&request.get_ref().workspace_id)?;
+        berth_proto::trace::record_workspace(id.as_str());
+        if self.workspaces().snapshots().is_none() {
+            return Err(NodeError::SnapshotsDisabled.into());
+        }
+        // Runs to completion even if the caller goes away (a drain waits for it).
+        let workspaces = Arc::clone(self.workspaces());
+        let task_id = id.clone();
+        let taken = tokio::spawn(async move { workspaces.snapshot(&task_id, generation, true).await })
+            .await
+            .map_err(|error| NodeError::ProvisionTask { reason: error.to_string() })??;
+        let taken = taken.ok_or_else(|| NodeError::Snapshot {
+            workspace_id: id.clone(),
+            what: "snapshot",
+            reason: "its files are the provider's (a portable backend)".to_owned(),
+        })?;
+        Ok(Response::new(taken))
     }
 
     async fn destroy(&self, request: Request<v1::DestroyRequest>) -> Result<Response<v1::DestroyResponse>, Status> {

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::NodeError;
 use crate::limits::NodeLimits;
 use crate::quarantine::{Quarantine, QuarantineReason};
+use crate::snapshots::NodeSnapshotsRef;
 
 const META_VERSION: u32 = 1;
 
@@ -59,11 +60,20 @@ pub struct Entry {
     pub backend: Option<BackendRef>,
     pub last_access_ms: AtomicI64,
     pub execs_in_flight: AtomicU32,
+    /// When the last snapshot of this copy started (unix ms; 0: none on this node).
+    pub last_snapshot_ms: AtomicI64,
 }
 
 impl Entry {
     pub fn touch(&self) {
         self.last_access_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Used (a call admitted, an exec ended) since its last snapshot started, or running
+    /// an exec now: a snapshot may be behind its files.
+    pub fn changed_since_snapshot(&self) -> bool {
+        self.execs_in_flight.load(Ordering::Relaxed) > 0
+            || self.last_access_ms.load(Ordering::Relaxed) >= self.last_snapshot_ms.load(Ordering::Relaxed)
     }
 }
 
@@ -85,12 +95,27 @@ pub struct Workspaces {
     /// copy went away (`state/<id>.floor`): a provision at or below it is a stale placement.
     floors: RwLock<HashMap<WorkspaceId, u64>>,
     quarantine: Quarantine,
+    /// The snapshot store (`--snapshot-store`), if any.
+    snapshots: RwLock<Option<NodeSnapshotsRef>>,
 }
 
 /// Outcome of a provision.
 pub struct Provisioned {
     pub created: bool,
     pub backend: String,
+    /// The snapshot the new copy was restored from.
+    pub restored: Option<berth_proto::v1::SnapshotTaken>,
+    /// Restore candidates that failed (`<id>: <error>`), newest first.
+    pub restore_failures: Vec<String>,
+}
+
+/// What a provision restores a new copy from (`ProvisionRequest.restore_snapshots`).
+#[derive(Clone, Debug, Default)]
+pub struct RestoreFrom {
+    /// Snapshot ids, newest first.
+    pub candidates: Vec<String>,
+    /// Replace the copy held here too, and fail (keeping it) when none restores.
+    pub required: bool,
 }
 
 impl Workspaces {
@@ -110,8 +135,54 @@ impl Workspaces {
             hooks: RwLock::new(Vec::new()),
             floors: RwLock::new(HashMap::new()),
             quarantine: Quarantine::new(data_dir_quarantine(&data_dir)),
+            snapshots: RwLock::new(None),
             data_dir,
         }
+    }
+
+    /// Snapshots go to (and restores come from) `snapshots` from now on.
+    pub fn set_snapshots(&self, snapshots: NodeSnapshotsRef) {
+        *self.snapshots.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(snapshots);
+    }
+
+    pub fn snapshots(&self) -> Option<NodeSnapshotsRef> {
+        self.snapshots.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Snapshots the copy held here now (under its lifecycle lock, so one at a time per
+    /// workspace and never during a provision, release or destroy), at the generation it
+    /// holds; with `expected`, only that generation. `Ok(None)`: no store, a portable copy
+    /// (its files are the provider's), or `only_if_changed` and unchanged since its last one.
+    pub async fn snapshot(
+        &self,
+        id: &WorkspaceId,
+        expected: Option<u64>,
+        always: bool,
+    ) -> Result<Option<berth_proto::v1::SnapshotTaken>, NodeError> {
+        let lock = self.lifecycle_lock(id);
+        let _guard = lock.lock().await;
+        let existing = self.get(id).ok_or_else(|| NodeError::NotHeld { workspace_id: id.clone() })?;
+        if let Some(expected) = expected
+            && expected != existing.generation
+        {
+            return Err(NodeError::WrongGeneration { workspace_id: id.clone(), held: existing.generation, expected });
+        }
+        self.snapshot_locked(&existing, always).await
+    }
+
+    async fn snapshot_locked(
+        &self,
+        existing: &Entry,
+        always: bool,
+    ) -> Result<Option<berth_proto::v1::SnapshotTaken>, NodeError> {
+        let Some(snapshots) = self.snapshots() else { return Ok(None) };
+        if self.driver(&existing.backend_name)?.portable() || (!always && !existing.changed_since_snapshot()) {
+            return Ok(None);
+        }
+        let started_ms = now_ms();
+        let taken = snapshots.take(&existing.id, existing.generation, &self.root_of(&existing.id)).await?;
+        existing.last_snapshot_ms.store(started_ms, Ordering::Relaxed);
+        Ok(Some(taken))
     }
 
     /// Copies moved aside instead of deleted (superseded, orphaned, or replaced by a fresh
@@ -304,6 +375,7 @@ impl Workspaces {
             backend,
             last_access_ms: AtomicI64::new(now_ms()),
             execs_in_flight: AtomicU32::new(0),
+            last_snapshot_ms: AtomicI64::new(0),
         });
         Ok(id)
     }
@@ -314,6 +386,7 @@ impl Workspaces {
     /// happened. With `fresh` (the id had no workspace when the replica placed it), an older
     /// copy found here is never adopted: it is moved to the quarantine and the workspace
     /// starts empty.
+    #[allow(clippy::too_many_arguments)]
     pub async fn provision(
         &self,
         id: &WorkspaceId,
@@ -322,6 +395,7 @@ impl Workspaces {
         spec: &WorkspaceSpec,
         fresh: bool,
         owner: &str,
+        restore: &RestoreFrom,
     ) -> Result<Provisioned, NodeError> {
         let backend_name = if backend.is_empty() { self.default_backend.clone() } else { backend.to_owned() };
         let driver = Arc::clone(self.driver(&backend_name)?);
@@ -335,14 +409,20 @@ impl Workspaces {
         {
             return Err(NodeError::StaleGeneration { workspace_id: id.clone(), newest: floor, asked: generation });
         }
+        if let Some(existing) = self.get(id)
+            && generation < existing.generation
+        {
+            return Err(NodeError::StaleGeneration {
+                workspace_id: id.clone(),
+                newest: existing.generation,
+                asked: generation,
+            });
+        }
+        // An explicit restore makes the new tree first: the copy held here is replaced only
+        // by a snapshot that restored completely.
+        let restored_aside =
+            if restore.required && !driver.portable() { Some(self.restore_aside(id, restore).await?) } else { None };
         if let Some(existing) = self.get(id) {
-            if generation < existing.generation {
-                return Err(NodeError::StaleGeneration {
-                    workspace_id: id.clone(),
-                    newest: existing.generation,
-                    asked: generation,
-                });
-            }
             if fresh && generation > existing.generation {
                 // A copy the registry does not know: an orphan of a bind that never recorded
                 // it, or of a workspace deleted while this node was away. Never adopted.
@@ -355,7 +435,12 @@ impl Workspaces {
                     for hook in self.hooks() {
                         hook.provisioned(id, handle).await;
                     }
-                    return Ok(Provisioned { created: false, backend: backend_name });
+                    return Ok(Provisioned {
+                        created: false,
+                        backend: backend_name,
+                        restored: None,
+                        restore_failures: Vec::new(),
+                    });
                 }
                 if existing.backend_name != backend_name {
                     // Switching backend: stop the old runtime, keep the files.
@@ -364,6 +449,28 @@ impl Workspaces {
             }
         }
         let root = self.root_of(id);
+        let mut restored = None;
+        let mut restore_failures = Vec::new();
+        if let Some((incoming, taken, failures)) = restored_aside {
+            self.replace_root(&root, &incoming).await?;
+            restored = Some(taken);
+            restore_failures = failures;
+        } else if !driver.portable() && !restore.candidates.is_empty() && self.get(id).is_none() {
+            // A copy made anew here where the workspace had files elsewhere: from its latest
+            // snapshot that restores, before anything runs in it.
+            match self.snapshots() {
+                Some(snapshots) => {
+                    let parent = self.data_dir.join("workspaces");
+                    tokio::fs::create_dir_all(&parent).await.map_err(|source| WorkspaceError::Io {
+                        op: "create",
+                        path: parent.display().to_string(),
+                        source,
+                    })?;
+                    (restored, restore_failures) = snapshots.restore(id, &restore.candidates, &root).await;
+                }
+                None => restore_failures.push("this node has no snapshot store (--snapshot-store)".to_owned()),
+            }
+        }
         // A portable driver's files live in the provider's sandbox, never under the root.
         if !driver.portable() {
             tokio::fs::create_dir_all(&root).await.map_err(|source| WorkspaceError::Io {
@@ -375,12 +482,17 @@ impl Workspaces {
         let placement = Placement { generation, owner, fresh };
         let context = ProvisionContext { workspace_id: id, root: &root, spec, placement };
         let (handle, adopted) = driver.provision_reporting(context).await?;
+        if restored.is_some() {
+            // Restored files belong to this process; the sandbox user owns the root (the
+            // driver set it): give them the root's owner, as a restored quarantine copy.
+            own_like_root(&root, &self.data_dir).await?;
+        }
         berth_workspace::layout::ensure(handle.as_ref()).await?;
         // A portable driver knows whether the provider still had the sandbox; for host
         // drivers the data is this node's own directory, known by its entry.
         let created = match adopted {
             Some(adopted) => !adopted,
-            None => self.get(id).is_none(),
+            None => self.get(id).is_none() || restored.is_some(),
         };
         self.write_meta(id, generation, &backend_name, spec, owner, true).await?;
         self.insert(Entry {
@@ -392,19 +504,66 @@ impl Workspaces {
             backend: Some(handle.clone()),
             last_access_ms: AtomicI64::new(now_ms()),
             execs_in_flight: AtomicU32::new(0),
+            // A restored copy is its snapshot until it is used.
+            last_snapshot_ms: AtomicI64::new(if restored.is_some() { now_ms() + 1 } else { 0 }),
         });
         for hook in self.hooks() {
             hook.provisioned(id, &handle).await;
         }
-        Ok(Provisioned { created, backend: backend_name })
+        Ok(Provisioned { created, backend: backend_name, restored, restore_failures })
+    }
+
+    /// Restores an explicit restore's snapshot beside the root (`.<id>.incoming`), so the
+    /// held copy is untouched unless it restored. Under the lifecycle lock.
+    async fn restore_aside(
+        &self,
+        id: &WorkspaceId,
+        restore: &RestoreFrom,
+    ) -> Result<(PathBuf, berth_proto::v1::SnapshotTaken, Vec<String>), NodeError> {
+        let snapshots = self.snapshots().ok_or(NodeError::SnapshotsDisabled)?;
+        let incoming = self.data_dir.join("workspaces").join(format!(".{id}.incoming"));
+        let (restored, failures) = snapshots.restore(id, &restore.candidates, &incoming).await;
+        match restored {
+            Some(taken) => Ok((incoming, taken, failures)),
+            None => Err(NodeError::Snapshot { workspace_id: id.clone(), what: "restore", reason: failures.join("; ") }),
+        }
+    }
+
+    /// Puts a restored tree in place of the root (a root left behind without a copy, e.g.
+    /// after the held copy moved to the quarantine, is removed first).
+    async fn replace_root(&self, root: &Path, incoming: &Path) -> Result<(), WorkspaceError> {
+        let (root, incoming) = (root.to_path_buf(), incoming.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            match std::fs::remove_dir_all(&root) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(WorkspaceError::Io { op: "remove", path: root.display().to_string(), source });
+                }
+            }
+            std::fs::rename(&incoming, &root).map_err(|source| WorkspaceError::Io {
+                op: "rename",
+                path: root.display().to_string(),
+                source,
+            })
+        })
+        .await
+        .map_err(|error| WorkspaceError::Backend { backend: "node", message: error.to_string() })?
     }
 
     /// Stops the runtime, keeps the files. With `generation` (what the replica recorded),
-    /// only that copy: a replica that lost its lock meanwhile cannot stop a newer one.
-    pub async fn release(&self, id: &WorkspaceId, generation: Option<u64>) -> Result<(), NodeError> {
+    /// only that copy: a replica that lost its lock meanwhile cannot stop a newer one. With
+    /// a snapshot store, a copy used since its last snapshot is snapshotted once its runtime
+    /// stopped (quiescent); the snapshot is answered, and a failed one logged (the release
+    /// itself stands).
+    pub async fn release(
+        &self,
+        id: &WorkspaceId,
+        generation: Option<u64>,
+    ) -> Result<Option<berth_proto::v1::SnapshotTaken>, NodeError> {
         let lock = self.lifecycle_lock(id);
         let _guard = lock.lock().await;
-        let Some(existing) = self.get(id) else { return Ok(()) };
+        let Some(existing) = self.get(id) else { return Ok(None) };
         if let Some(expected) = generation
             && expected != existing.generation
         {
@@ -422,11 +581,19 @@ impl Workspaces {
             backend: None,
             last_access_ms: AtomicI64::new(existing.last_access_ms.load(Ordering::Relaxed)),
             execs_in_flight: AtomicU32::new(0),
+            last_snapshot_ms: AtomicI64::new(existing.last_snapshot_ms.load(Ordering::Relaxed)),
         });
         for hook in self.hooks() {
             hook.released(id).await;
         }
-        Ok(())
+        let released = self.get(id).ok_or_else(|| NodeError::NotHeld { workspace_id: id.clone() })?;
+        match self.snapshot_locked(&released, false).await {
+            Ok(taken) => Ok(taken),
+            Err(error) => {
+                tracing::warn!(ws_id = %id, %error, "snapshot on release failed; released without one");
+                Ok(None)
+            }
+        }
     }
 
     /// Deletes the workspace (the owner asked): runtime, files and state. With `generation`
@@ -586,6 +753,29 @@ impl Workspaces {
         tokio::fs::rename(&temporary, &path).await.map_err(io)?;
         Ok(())
     }
+}
+
+/// Gives every file under `root` the root's owner, when that is not the owner of the
+/// node's own `data_dir` (this process: what the restore wrote them as).
+async fn own_like_root(root: &Path, data_dir: &Path) -> Result<(), WorkspaceError> {
+    use std::os::unix::fs::MetadataExt;
+    let stat = |path: PathBuf| async move {
+        tokio::fs::metadata(&path).await.map_err(|source| WorkspaceError::Io {
+            op: "stat",
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let metadata = stat(root.to_path_buf()).await?;
+    let (owner, group) = (metadata.uid(), metadata.gid());
+    if owner == stat(data_dir.to_path_buf()).await?.uid() {
+        return Ok(());
+    }
+    let chowned = root.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::quarantine::chown_tree(&chowned, owner, group))
+        .await
+        .map_err(|error| WorkspaceError::Backend { backend: "node", message: error.to_string() })?
+        .map_err(|source| WorkspaceError::Io { op: "chown", path: root.display().to_string(), source })
 }
 
 fn data_dir_quarantine(data_dir: &Path) -> PathBuf {

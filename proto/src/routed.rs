@@ -122,6 +122,9 @@ macro_rules! workspace_rpcs {
                 replica_only close_workspace(CloseWorkspaceRequest) -> CloseWorkspaceResponse;
                 replica_only share_workspace(ShareWorkspaceRequest) -> Workspace;
                 replica_only unshare_workspace(UnshareWorkspaceRequest) -> Workspace;
+                replica_only snapshot_workspace(SnapshotWorkspaceRequest) -> Snapshot;
+                replica_only list_snapshots(ListSnapshotsRequest) -> ListSnapshotsResponse;
+                replica_only restore_workspace(RestoreWorkspaceRequest) -> Workspace;
             }
             $($rest)*
         }

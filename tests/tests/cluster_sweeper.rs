@@ -66,6 +66,7 @@ async fn a_workspace_its_node_has_not_reported_is_idled_only_a_ttl_after_first_s
         shared_with: Vec::new(),
         origin: Origin::Fresh,
         origin_generation: 1,
+        snapshot: None,
     };
     let planted_at = Instant::now();
     registry.put(&cluster.keys().workspace(&workspace_id), records::encode(&record)).await.expect("plant");

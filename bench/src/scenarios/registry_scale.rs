@@ -120,6 +120,7 @@ fn record(index: usize, now: i64) -> anyhow::Result<WorkspaceRecord> {
         shared_with: Vec::new(),
         origin: Default::default(),
         origin_generation: 0,
+        snapshot: None,
     })
 }
 

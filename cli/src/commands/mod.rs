@@ -9,6 +9,7 @@ pub mod nodes;
 pub mod server;
 pub mod session;
 pub mod skills;
+pub mod snapshots;
 pub mod status;
 pub mod ws;
 

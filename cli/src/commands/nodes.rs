@@ -22,13 +22,14 @@ use crate::output::{Table, emit, emit_message};
 pub enum NodesCommand {
     /// List live nodes with their load and last heartbeat.
     List,
-    /// Stop placing workspaces on NODE and release the ones it holds: their next access
-    /// re-places them on another node. Their data stays behind (no snapshots yet), so a
-    /// node holding workspaces is drained only with --force; without it the command lists
-    /// what would be lost and changes nothing.
+    /// Stop placing workspaces on NODE and move the ones it holds. With snapshots
+    /// (`--snapshot-store` on replicas and node), each workspace is snapshotted, moved to
+    /// another node and restored there, one progress line per workspace. Without them the
+    /// data would stay behind: a node holding workspaces is then drained only with --force
+    /// (the command otherwise lists what would be lost and changes nothing).
     Drain {
         node_id: String,
-        /// Drain even though the workspaces' data on the node is lost.
+        /// Release the workspaces without moving their data (it stays on the node).
         #[arg(long)]
         force: bool,
     },
@@ -71,6 +72,45 @@ pub struct RestoreView {
 pub struct DrainView {
     pub node_id: String,
     pub released: Vec<String>,
+    /// Workspaces a migrating drain moved (or failed to: `error`).
+    pub moved: Vec<MovedView>,
+}
+
+/// One workspace of a migrating drain.
+#[derive(Debug, Serialize)]
+pub struct MovedView {
+    pub workspace_id: String,
+    pub to_node_id: String,
+    pub snapshot_id: String,
+    pub bytes: u64,
+    pub duration_ms: u64,
+    pub error: String,
+}
+
+impl From<&berth_proto::v1::DrainProgress> for MovedView {
+    fn from(progress: &berth_proto::v1::DrainProgress) -> Self {
+        MovedView {
+            workspace_id: progress.workspace_id.clone(),
+            to_node_id: progress.to_node_id.clone(),
+            snapshot_id: progress.snapshot_id.clone(),
+            bytes: progress.bytes,
+            duration_ms: progress.duration_ms,
+            error: progress.error.clone(),
+        }
+    }
+}
+
+/// One progress line of a migrating drain.
+fn progress_line(progress: &berth_proto::v1::DrainProgress) -> String {
+    let head = format!("[{}/{}] {}", progress.index, progress.total, progress.workspace_id);
+    if progress.error.is_empty() {
+        format!(
+            "{head} -> {} restored from {} ({} bytes) in {} ms\n",
+            progress.to_node_id, progress.snapshot_id, progress.bytes, progress.duration_ms
+        )
+    } else {
+        format!("{head}: {} ({} ms)\n", progress.error, progress.duration_ms)
+    }
 }
 
 /// JSON form of an undrain.
@@ -155,7 +195,33 @@ pub async fn run(command: NodesCommand, global: &GlobalArgs, io: &mut Io<'_>) ->
             let views: Vec<NodeView> = nodes.iter().map(NodeView::from).collect();
             emit(io, global.output, &views, || nodes_table(&nodes, SystemTime::now())).await?;
         }
-        NodesCommand::Drain { node_id, force } => {
+        NodesCommand::Drain { node_id, force: false } => {
+            let mut client = connect(global).await?.admin();
+            let request = DrainNodeRequest { node_id: node_id.clone(), force: false };
+            let mut stream =
+                client.drain_node_progress(request).await.rpc_context(|| format!("drain node {node_id}"))?.into_inner();
+            let mut moved = Vec::new();
+            let table = global.output == crate::output::OutputFormat::Table;
+            while let Some(progress) = stream.message().await.rpc_context(|| format!("drain node {node_id}"))? {
+                if table {
+                    io.write_stdout(progress_line(&progress).as_bytes()).await?;
+                    io.flush_stdout().await?;
+                }
+                moved.push(progress);
+            }
+            let failed = moved.iter().filter(|progress| !progress.error.is_empty()).count();
+            let message = match moved.len() {
+                0 => format!("drained node {node_id}; it held no workspaces"),
+                total => format!("drained node {node_id}; moved {} of {total} workspace(s)", total - failed),
+            };
+            let view = DrainView { node_id, released: Vec::new(), moved: moved.iter().map(MovedView::from).collect() };
+            emit_message(io, global.output, &view, &message).await?;
+            if failed > 0 {
+                return Ok(1);
+            }
+        }
+        NodesCommand::Drain { node_id, force: true } => {
+            let force = true;
             let mut client = connect(global).await?.admin();
             let request = DrainNodeRequest { node_id: node_id.clone(), force };
             let released: Vec<String> = client
@@ -175,7 +241,7 @@ pub async fn run(command: NodesCommand, global: &GlobalArgs, io: &mut Io<'_>) ->
                     released.join(", ")
                 ),
             };
-            emit_message(io, global.output, &DrainView { node_id, released }, &message).await?;
+            emit_message(io, global.output, &DrainView { node_id, released, moved: Vec::new() }, &message).await?;
         }
         NodesCommand::Undrain { node_id } => {
             let mut client = connect(global).await?.admin();

@@ -1,5 +1,5 @@
-//! `berth ws get | list | close | share | unshare`: workspaces as the control plane records
-//! them.
+//! `berth ws get | list | close | share | unshare | snapshot | snapshots | restore`:
+//! workspaces as the control plane records them (snapshots in `snapshots.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -56,6 +56,25 @@ pub enum WsCommand {
         workspace: String,
         /// User to take it from.
         user: String,
+    },
+    /// Snapshot a workspace's files now and record it as its latest (owner or admin).
+    Snapshot {
+        /// Workspace id.
+        workspace: String,
+    },
+    /// List a workspace's snapshots, newest first.
+    Snapshots {
+        /// Workspace id.
+        workspace: String,
+    },
+    /// Replace a workspace's files with a snapshot's (the latest by default); the copy it
+    /// replaces is kept in its node's quarantine.
+    Restore {
+        /// Workspace id.
+        workspace: String,
+        /// Snapshot id (see `berth ws snapshots`).
+        #[arg(long)]
+        snapshot: Option<String>,
     },
 }
 
@@ -269,6 +288,11 @@ pub async fn run(command: WsCommand, global: &GlobalArgs, io: &mut Io<'_>) -> an
                 .rpc_context(|| format!("unshare workspace {workspace} from {user}"))?
                 .into_inner();
             emit(io, global.output, &WorkspaceView::from(&updated), || workspace_detail_table(&updated)).await?;
+        }
+        WsCommand::Snapshot { workspace } => super::snapshots::snapshot(&mut client, &workspace, global, io).await?,
+        WsCommand::Snapshots { workspace } => super::snapshots::list(&mut client, &workspace, global, io).await?,
+        WsCommand::Restore { workspace, snapshot } => {
+            super::snapshots::restore(&mut client, &workspace, snapshot, global, io).await?
         }
     }
     Ok(0)

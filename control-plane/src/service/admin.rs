@@ -6,8 +6,10 @@
 //! placements (`placement.rs`) and a workspace recorded on it counts as LOST
 //! (`ReplicaView::node_holds_workspaces`): its next access re-places it at a new generation
 //! on another node, exactly like a workspace whose node died, and the node then removes its
-//! superseded copy through the heartbeat reconciliation. There is no snapshot store yet, so
-//! that copy's data is lost: a drain of a node holding workspaces needs `force`.
+//! superseded copy through the heartbeat reconciliation. Without snapshots that copy's data
+//! is lost: a drain of a node holding workspaces needs `force`. With a snapshot store on
+//! the replicas and the node, a drain without `force` migrates (`admin/drain.rs`): every
+//! workspace is snapshotted, the drain key written, and each one moved and restored.
 //!
 //! A bind that chose the node just before its replica saw the drain still records it there;
 //! every replica treats that workspace as LOST too, so it moves on its next access (it is
@@ -36,6 +38,7 @@ const REFUSAL_LISTS_AT_MOST: usize = 50;
 
 /// Workspaces are read through the store; nodes, drains and replicas (cluster state, not
 /// workspace state) through the view and the registry.
+#[derive(Clone)]
 pub struct AdminApi {
     store: WorkspaceStoreRef,
     nodes: Arc<NodeClients>,
@@ -44,7 +47,11 @@ pub struct AdminApi {
     registry: RegistryRef,
     keys: Keys,
     replica_id: String,
+    /// Moves workspaces off a draining node (set by `with_migration`).
+    migration: Option<drain::Migration>,
 }
+
+mod drain;
 
 impl AdminApi {
     pub fn new(
@@ -56,7 +63,19 @@ impl AdminApi {
         keys: Keys,
         replica_id: String,
     ) -> Self {
-        Self { store, nodes, node_call_timeout, view, registry, keys, replica_id }
+        Self { store, nodes, node_call_timeout, view, registry, keys, replica_id, migration: None }
+    }
+
+    /// A drain without `force` migrates workspaces through snapshots in `snapshots` (when
+    /// it is enabled and the node takes snapshots), binding each through `binder`.
+    pub fn with_migration(
+        mut self,
+        binder: Arc<crate::binding::Binder>,
+        snapshots: crate::snapshots::SnapshotsRef,
+        snapshot_timeout: std::time::Duration,
+    ) -> Self {
+        self.migration = Some(drain::Migration { binder, snapshots, snapshot_timeout });
+        self
     }
 
     /// The node-agent client of a live node.
@@ -158,6 +177,56 @@ impl AdminApi {
             .collect()
     }
 
+    /// The drain of a node whose workspaces are not migrated (`force`, or no snapshots):
+    /// refused without `force` when workspaces would lose their data.
+    async fn drain_without_migration(
+        &self,
+        by: &str,
+        message: &v1::DrainNodeRequest,
+        released: Vec<v1::DrainedWorkspace>,
+    ) -> Result<v1::DrainNodeResponse, Status> {
+        if !self.view.node_is_live(&message.node_id) && released.is_empty() && !self.view.is_draining(&message.node_id)
+        {
+            return Err(ControlPlaneError::NodeNotFound { node_id: message.node_id.clone() }.into());
+        }
+        if !released.is_empty() && !message.force && !self.view.is_draining(&message.node_id) {
+            let mut named: Vec<&str> = released.iter().map(|workspace| workspace.workspace_id.as_str()).collect();
+            named.sort_unstable();
+            let more = named.len().saturating_sub(REFUSAL_LISTS_AT_MOST);
+            named.truncate(REFUSAL_LISTS_AT_MOST);
+            return Err(ControlPlaneError::DrainLosesData {
+                node_id: message.node_id.clone(),
+                count: released.len(),
+                named: named.into_iter().map(str::to_owned).collect(),
+                more,
+            }
+            .into());
+        }
+        let workspace_ids = released.iter().map(|workspace| workspace.workspace_id.clone()).collect();
+        self.write_drain(&message.node_id, by, workspace_ids).await?;
+        tracing::info!(node_id = %message.node_id, released = released.len(), by, "node drained");
+        Ok(v1::DrainNodeResponse { released, moved: Vec::new() })
+    }
+
+    /// Writes the drain key (no lease) and reads it back into this replica's view.
+    async fn write_drain(&self, node_id: &str, by: &str, released: Vec<String>) -> Result<(), Status> {
+        let key = self.keys.drain(node_id);
+        let record = DrainRecord {
+            version: RECORD_VERSION,
+            node_id: node_id.to_owned(),
+            drained_by: by.to_owned(),
+            drained_at_ms: now_ms(),
+            released,
+        };
+        let response = self
+            .registry
+            .txn(Txn::new().and_then([TxnOp::put(&key, records::encode(&record))]))
+            .await
+            .map_err(registry_status)?;
+        self.refresh_drain(&key, response.revision).await.map_err(registry_status)?;
+        Ok(())
+    }
+
     /// Reads the drain key back into this replica's view, so the caller's next request to
     /// this replica already sees it (other replicas follow through their watch).
     async fn refresh_drain(&self, key: &str, revision: i64) -> Result<(), RegistryError> {
@@ -215,45 +284,73 @@ impl AdminService for AdminApi {
         require_admin(caller.principal())?;
         let message = request.get_ref();
         node_id_of(&message.node_id)?;
+        let by = caller.principal().name.clone();
         let released = self.workspaces_on(&message.node_id);
-        if !self.view.node_is_live(&message.node_id) && released.is_empty() && !self.view.is_draining(&message.node_id)
-        {
-            return Err(ControlPlaneError::NodeNotFound { node_id: message.node_id.clone() }.into());
+        if !released.is_empty() && !message.force && self.migrates(&message.node_id) {
+            let (sender, mut receiver) = tokio::sync::mpsc::channel(64);
+            let migrated = self.migrate(&by, &message.node_id, released, sender);
+            let mut moved = Vec::new();
+            let collect = async {
+                while let Some(progress) = receiver.recv().await {
+                    moved.push(progress);
+                }
+            };
+            let (outcome, ()) = tokio::join!(migrated, collect);
+            outcome?;
+            return Ok(Response::new(v1::DrainNodeResponse { released: Vec::new(), moved }));
         }
-        if !released.is_empty() && !message.force && !self.view.is_draining(&message.node_id) {
-            let mut named: Vec<&str> = released.iter().map(|workspace| workspace.workspace_id.as_str()).collect();
-            named.sort_unstable();
-            let more = named.len().saturating_sub(REFUSAL_LISTS_AT_MOST);
-            named.truncate(REFUSAL_LISTS_AT_MOST);
-            return Err(ControlPlaneError::DrainLosesData {
-                node_id: message.node_id.clone(),
-                count: released.len(),
-                named: named.into_iter().map(str::to_owned).collect(),
-                more,
+        Ok(Response::new(self.drain_without_migration(&by, message, released).await?))
+    }
+
+    type DrainNodeProgressStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<v1::DrainProgress, Status>> + Send + 'static>>;
+
+    async fn drain_node_progress(
+        &self,
+        request: Request<v1::DrainNodeRequest>,
+    ) -> Result<Response<Self::DrainNodeProgressStream>, Status> {
+        let caller = Caller::of(&request)?;
+        require_admin(caller.principal())?;
+        let message = request.into_inner();
+        node_id_of(&message.node_id)?;
+        let workspaces = self.workspaces_on(&message.node_id);
+        let by = caller.principal().name.clone();
+        if message.force || workspaces.is_empty() || !self.migrates(&message.node_id) {
+            // Nothing to migrate (or not migrating): the plain drain, streamed as one
+            // progress line per released workspace.
+            let released = self.drain_without_migration(&by, &message, workspaces).await?.released;
+            let total = released.len() as u32;
+            let lines = released.into_iter().enumerate().map(move |(index, workspace)| {
+                Ok(v1::DrainProgress {
+                    index: index as u32 + 1,
+                    total,
+                    workspace_id: workspace.workspace_id,
+                    error: "released; its data stays on the node (--force)".to_owned(),
+                    ..Default::default()
+                })
+            });
+            return Ok(Response::new(Box::pin(futures::stream::iter(lines.collect::<Vec<_>>()))));
+        }
+        let (sender, receiver) = tokio::sync::mpsc::channel(64);
+        let (lines, outcome_receiver) = tokio::sync::mpsc::channel::<Result<v1::DrainProgress, Status>>(64);
+        let node_id = message.node_id.clone();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let forward_lines = lines.clone();
+            let forward = async move {
+                let mut receiver = receiver;
+                while let Some(progress) = receiver.recv().await {
+                    if forward_lines.send(Ok(progress)).await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let (outcome, ()) = tokio::join!(this.migrate(&by, &node_id, workspaces, sender), forward);
+            if let Err(error) = outcome {
+                let _ = lines.send(Err(error)).await;
             }
-            .into());
-        }
-        let key = self.keys.drain(&message.node_id);
-        let record = DrainRecord {
-            version: RECORD_VERSION,
-            node_id: message.node_id.clone(),
-            drained_by: caller.principal().name.clone(),
-            drained_at_ms: now_ms(),
-            released: released.iter().map(|workspace| workspace.workspace_id.clone()).collect(),
-        };
-        let response = self
-            .registry
-            .txn(Txn::new().and_then([TxnOp::put(&key, records::encode(&record))]))
-            .await
-            .map_err(registry_status)?;
-        self.refresh_drain(&key, response.revision).await.map_err(registry_status)?;
-        tracing::info!(
-            node_id = %message.node_id,
-            released = released.len(),
-            by = %caller.principal().name,
-            "node drained"
-        );
-        Ok(Response::new(v1::DrainNodeResponse { released }))
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(outcome_receiver))))
     }
 
     async fn undrain_node(

@@ -15,11 +15,14 @@ use crate::error::ControlPlaneError;
 use crate::node_client::{NodeClients, node_request};
 use crate::policy::{IsolationPolicy, assign_workspace_id};
 use crate::records::{Origin, RECORD_VERSION, SessionRecord, StoredState, TombstoneRecord, WorkspaceRecord, now_ms};
+use crate::snapshots::{Snapshots, SnapshotsRef};
 use crate::store::{LockFence, SessionCreated, WorkspaceStoreRef};
 use crate::view::EffectiveState;
 
 // ShareWorkspace / UnshareWorkspace: more `impl Sessions`.
 mod sharing;
+// SnapshotWorkspace / ListSnapshots / RestoreWorkspace: more `impl Sessions`.
+mod snapshots;
 
 /// Most users one workspace may be shared with (the record is read on every access).
 pub const MAX_SHARED_WITH: usize = 256;
@@ -34,6 +37,9 @@ pub struct Sessions {
     access: Access,
     isolation: IsolationPolicy,
     node_call_timeout: Duration,
+    snapshots: SnapshotsRef,
+    /// How long a node may take for an on-demand snapshot.
+    snapshot_timeout: Duration,
 }
 
 impl Sessions {
@@ -44,7 +50,22 @@ impl Sessions {
         access: Access,
         config: &ControlPlaneConfig,
     ) -> Self {
-        Self { binder, store, nodes, access, isolation: config.isolation, node_call_timeout: config.node_call_timeout }
+        Self {
+            binder,
+            store,
+            nodes,
+            access,
+            isolation: config.isolation,
+            node_call_timeout: config.node_call_timeout,
+            snapshots: Arc::new(Snapshots::disabled()),
+            snapshot_timeout: config.provision_timeout,
+        }
+    }
+
+    /// Snapshot calls, and the deletion of a destroyed workspace's snapshots, use `snapshots`.
+    pub fn with_snapshots(mut self, snapshots: SnapshotsRef) -> Self {
+        self.snapshots = snapshots;
+        self
     }
 
     pub async fn create(
@@ -244,6 +265,8 @@ impl Sessions {
                 deleted_at_ms: now_ms(),
             });
             let revision = self.store.delete_fenced(workspace_id, fence, tombstone.as_ref()).await?;
+            // Its snapshots go with it (their blobs with the sweeper's next collection).
+            self.snapshots.delete_workspace(workspace_id.as_str()).await;
             let Some(node) = &node else { return Ok(v1::CloseWorkspaceResponse {}) };
             // The node removes the files at once (an owner's delete); a node that does not
             // answer keeps them until it reports the copy (then they are quarantined).
@@ -264,9 +287,10 @@ impl Sessions {
         } else {
             if let Some(node) = &node {
                 let mut client = self.nodes.get(&node.address)?;
-                client
+                let response = client
                     .release(node_request(v1::ReleaseRequest { workspace_id: id }, record.generation, timeout))
                     .await?;
+                crate::snapshots::apply_taken(&mut record, &node.node_id, response.into_inner().snapshot);
             }
             record.state = StoredState::Idle;
             record.updated_at_ms = now_ms();

@@ -94,4 +94,29 @@ berth_proto::workspace_rpcs! {
         let message = request.into_inner();
         Ok(Response::new(self.sessions.set_shared(&caller, &message.workspace_id, &message.user_id, false).await?))
     }
+
+    async fn snapshot_workspace(
+        &self,
+        request: Request<v1::SnapshotWorkspaceRequest>,
+    ) -> Result<Response<v1::Snapshot>, Status> {
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.sessions.snapshot_workspace(&caller, &request.get_ref().workspace_id).await?))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<v1::ListSnapshotsRequest>,
+    ) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.sessions.list_snapshots(&caller, &request.get_ref().workspace_id).await?))
+    }
+
+    async fn restore_workspace(
+        &self,
+        request: Request<v1::RestoreWorkspaceRequest>,
+    ) -> Result<Response<v1::Workspace>, Status> {
+        let caller = Caller::of(&request)?;
+        let message = request.into_inner();
+        Ok(Response::new(self.sessions.restore_workspace(&caller, &message.workspace_id, &message.snapshot_id).await?))
+    }
 }

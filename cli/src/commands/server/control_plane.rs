@@ -47,6 +47,8 @@ pub struct ControlPlaneArgs {
     #[command(flatten)]
     pub common: ReplicaFlags,
     #[command(flatten)]
+    pub snapshots: super::flags::SnapshotFlags,
+    #[command(flatten)]
     pub gateway: super::gateway::GatewayFlags,
     #[command(flatten)]
     pub telemetry: crate::telemetry::TelemetryFlags,
@@ -203,6 +205,7 @@ impl ReplicaFlags {
 pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     let mut config = ControlPlaneConfig::new(args.replica_id.unwrap_or_else(|| default_id("replica")));
     args.common.apply(&mut config)?;
+    args.snapshots.apply_to_replica(&mut config, args.snapshots.snapshot_store.clone());
     config.advertise_address = args.advertise.unwrap_or_default();
     config.node_secret =
         args.node_secret_file.as_deref().map(Secret::from_file).transpose().map_err(anyhow::Error::msg)?;

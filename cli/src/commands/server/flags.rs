@@ -96,3 +96,34 @@ mod tests {
         assert_eq!(split_list(&["a,b".into(), " c ".into(), ",".into()]), vec!["a", "b", "c"]);
     }
 }
+
+/// `--snapshot-*` of `berth node-agent`, `berth control-plane` and `berth up`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SnapshotFlags {
+    /// Where workspace snapshots go: `file:///var/lib/berth/snapshots`,
+    /// `redis://host:6379/0`, `s3://bucket/prefix?endpoint=http://127.0.0.1:9000&region=us-east-1`
+    /// (S3 credentials from the usual AWS_* environment). The same store on every replica and
+    /// node. `berth up` defaults to `file://<data dir>/snapshots`; elsewhere absent = off.
+    #[arg(long, env = "BERTH_SNAPSHOT_STORE", value_name = "URL")]
+    pub snapshot_store: Option<String>,
+    /// Node agents: snapshot every workspace changed since its last snapshot this often
+    /// (e.g. 5m); absent = only on release (idle), before a drain moves it, and on demand.
+    #[arg(long, env = "BERTH_SNAPSHOT_INTERVAL", value_parser = parse_duration)]
+    pub snapshot_interval: Option<Duration>,
+    /// Snapshots kept per workspace (the newest); all go when the workspace is destroyed.
+    #[arg(long, env = "BERTH_SNAPSHOT_KEEP", default_value_t = 5)]
+    pub snapshot_keep: usize,
+}
+
+impl SnapshotFlags {
+    pub fn apply_to_node(&self, config: &mut berth_node_agent::NodeAgentConfig, store: Option<String>) {
+        config.snapshot_store = store;
+        config.snapshot_interval = self.snapshot_interval;
+        config.snapshot_keep = self.snapshot_keep;
+    }
+
+    pub fn apply_to_replica(&self, config: &mut berth_control_plane::ControlPlaneConfig, store: Option<String>) {
+        config.snapshot_store = store;
+        config.snapshot_keep = self.snapshot_keep;
+    }
+}

@@ -58,6 +58,8 @@ pub struct NodeAgentArgs {
     #[command(flatten)]
     pub common: NodeFlags,
     #[command(flatten)]
+    pub snapshots: super::flags::SnapshotFlags,
+    #[command(flatten)]
     pub telemetry: crate::telemetry::TelemetryFlags,
 }
 
@@ -244,6 +246,7 @@ impl NodeFlags {
 pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     let mut config = NodeAgentConfig::new(args.node_id.unwrap_or_else(|| default_id("node")), args.data_dir);
     args.common.apply(&mut config)?;
+    args.snapshots.apply_to_node(&mut config, args.snapshots.snapshot_store.clone());
     config.cloud = args.common.cloud.config(&args.key_prefix);
     config.control_planes = split_list(&args.control_planes).into_iter().map(|url| with_scheme(&url)).collect();
     config.advertise_address = args.advertise.unwrap_or_default();

@@ -34,6 +34,8 @@ pub struct UpArgs {
     #[command(flatten)]
     pub node: NodeFlags,
     #[command(flatten)]
+    pub snapshots: super::flags::SnapshotFlags,
+    #[command(flatten)]
     pub telemetry: crate::telemetry::TelemetryFlags,
 }
 
@@ -42,6 +44,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let mut replica = ControlPlaneConfig::new("replica-up");
     args.replica.apply(&mut replica)?;
+    // One store for the replica and the node: by default a directory under the data dir.
+    let snapshot_store = Some(args.snapshots.snapshot_store.clone().unwrap_or_else(|| {
+        let absolute = data_dir.canonicalize().unwrap_or_else(|_| data_dir.clone());
+        format!("file://{}", absolute.join("snapshots").display())
+    }));
+    args.snapshots.apply_to_replica(&mut replica, snapshot_store.clone());
     // The in-process node agent and the replica share a fresh secret: nothing else on the
     // machine can call the node agent or register a node, whatever --auth says.
     let node_secret = Secret::random();
@@ -57,6 +65,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let mut node = NodeAgentConfig::new("node-up", data_dir.join("node"));
     args.node.apply(&mut node)?;
     node.cloud = args.node.cloud.config(&replica.key_prefix);
+    args.snapshots.apply_to_node(&mut node, snapshot_store);
     // With --auth none the only caller is the local operator (loopback only, checked
     // above), who owns this host anyway: `local` stays the out-of-the-box dev loop. With
     // real authentication, offering it is the operator's explicit decision again.

@@ -148,10 +148,34 @@ class DrainedWorkspace(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ..., state: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class DrainNodeResponse(_message.Message):
-    __slots__ = ("released",)
+    __slots__ = ("released", "moved")
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
     released: _containers.RepeatedCompositeFieldContainer[DrainedWorkspace]
-    def __init__(self, released: _Optional[_Iterable[_Union[DrainedWorkspace, _Mapping]]] = ...) -> None: ...
+    moved: _containers.RepeatedCompositeFieldContainer[DrainProgress]
+    def __init__(self, released: _Optional[_Iterable[_Union[DrainedWorkspace, _Mapping]]] = ..., moved: _Optional[_Iterable[_Union[DrainProgress, _Mapping]]] = ...) -> None: ...
+
+class DrainProgress(_message.Message):
+    __slots__ = ("index", "total", "workspace_id", "to_node_id", "snapshot_id", "bytes", "uploaded_bytes", "duration_ms", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    total: int
+    workspace_id: str
+    to_node_id: str
+    snapshot_id: str
+    bytes: int
+    uploaded_bytes: int
+    duration_ms: int
+    error: str
+    def __init__(self, index: _Optional[int] = ..., total: _Optional[int] = ..., workspace_id: _Optional[str] = ..., to_node_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., bytes: _Optional[int] = ..., uploaded_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class UndrainNodeRequest(_message.Message):
     __slots__ = ("node_id",)

@@ -50,6 +50,11 @@ class AdminServiceStub:
                 request_serializer=berth_dot_v1_dot_admin__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_admin__pb2.DrainNodeResponse.FromString,
                 _registered_method=True)
+        self.DrainNodeProgress = channel.unary_stream(
+                '/berth.v1.AdminService/DrainNodeProgress',
+                request_serializer=berth_dot_v1_dot_admin__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_admin__pb2.DrainProgress.FromString,
+                _registered_method=True)
         self.UndrainNode = channel.unary_unary(
                 '/berth.v1.AdminService/UndrainNode',
                 request_serializer=berth_dot_v1_dot_admin__pb2.UndrainNodeRequest.SerializeToString,
@@ -87,6 +92,16 @@ class AdminServiceServicer:
         """Stops new placements on a node and releases its workspaces, so their next access lands
         elsewhere. Without snapshots their data stays behind: without `force` the call refuses
         (FAILED_PRECONDITION) and lists what would be lost in the error message.
+        With a snapshot store (`--snapshot-store` on replicas and the node) and without
+        `force`, every workspace is snapshotted and moved to another node, restored there, and
+        the answer lists each move.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNodeProgress(self, request, context):
+        """The same drain, answering one progress message per workspace as it moves.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,6 +146,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=berth_dot_v1_dot_admin__pb2.DrainNodeRequest.FromString,
                     response_serializer=berth_dot_v1_dot_admin__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'DrainNodeProgress': grpc.unary_stream_rpc_method_handler(
+                    servicer.DrainNodeProgress,
+                    request_deserializer=berth_dot_v1_dot_admin__pb2.DrainNodeRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_admin__pb2.DrainProgress.SerializeToString,
             ),
             'UndrainNode': grpc.unary_unary_rpc_method_handler(
                     servicer.UndrainNode,
@@ -229,6 +249,33 @@ class AdminService:
             '/berth.v1.AdminService/DrainNode',
             berth_dot_v1_dot_admin__pb2.DrainNodeRequest.SerializeToString,
             berth_dot_v1_dot_admin__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNodeProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/berth.v1.AdminService/DrainNodeProgress',
+            berth_dot_v1_dot_admin__pb2.DrainNodeRequest.SerializeToString,
+            berth_dot_v1_dot_admin__pb2.DrainProgress.FromString,
             options,
             channel_credentials,
             insecure,

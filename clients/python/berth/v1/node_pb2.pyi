@@ -19,7 +19,7 @@ class NodeMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., report: _Optional[_Union[HeartbeatReport, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "address", "backends", "default_backend", "labels", "version", "lease_id", "node_generation", "capacity_workspaces", "workspaces", "key_prefix")
+    __slots__ = ("node_id", "address", "backends", "default_backend", "labels", "version", "lease_id", "node_generation", "capacity_workspaces", "workspaces", "key_prefix", "snapshots")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class Register(_message.Message):
     CAPACITY_WORKSPACES_FIELD_NUMBER: _ClassVar[int]
     WORKSPACES_FIELD_NUMBER: _ClassVar[int]
     KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     backends: _containers.RepeatedScalarFieldContainer[str]
@@ -49,7 +50,8 @@ class Register(_message.Message):
     capacity_workspaces: int
     workspaces: _containers.RepeatedCompositeFieldContainer[LocalWorkspace]
     key_prefix: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., backends: _Optional[_Iterable[str]] = ..., default_backend: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., lease_id: _Optional[int] = ..., node_generation: _Optional[int] = ..., capacity_workspaces: _Optional[int] = ..., workspaces: _Optional[_Iterable[_Union[LocalWorkspace, _Mapping]]] = ..., key_prefix: _Optional[str] = ...) -> None: ...
+    snapshots: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., backends: _Optional[_Iterable[str]] = ..., default_backend: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., lease_id: _Optional[int] = ..., node_generation: _Optional[int] = ..., capacity_workspaces: _Optional[int] = ..., workspaces: _Optional[_Iterable[_Union[LocalWorkspace, _Mapping]]] = ..., key_prefix: _Optional[str] = ..., snapshots: _Optional[bool] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
     __slots__ = ("workspaces", "running", "execs_in_flight", "load_avg_1m", "mem_available_bytes")
@@ -86,26 +88,66 @@ class LocalWorkspace(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., running: _Optional[bool] = ..., last_access_unix_ms: _Optional[int] = ..., idle_for_ms: _Optional[int] = ..., execs_in_flight: _Optional[int] = ..., mcp_clients_live: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReport(_message.Message):
-    __slots__ = ("seq", "load", "workspaces")
+    __slots__ = ("seq", "load", "workspaces", "snapshots")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     WORKSPACES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     load: NodeLoad
     workspaces: _containers.RepeatedCompositeFieldContainer[LocalWorkspace]
-    def __init__(self, seq: _Optional[int] = ..., load: _Optional[_Union[NodeLoad, _Mapping]] = ..., workspaces: _Optional[_Iterable[_Union[LocalWorkspace, _Mapping]]] = ...) -> None: ...
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotTaken]
+    def __init__(self, seq: _Optional[int] = ..., load: _Optional[_Union[NodeLoad, _Mapping]] = ..., workspaces: _Optional[_Iterable[_Union[LocalWorkspace, _Mapping]]] = ..., snapshots: _Optional[_Iterable[_Union[SnapshotTaken, _Mapping]]] = ...) -> None: ...
+
+class SnapshotTaken(_message.Message):
+    __slots__ = ("workspace_id", "snapshot_id", "generation", "created_unix_ms", "files", "bytes", "uploaded_bytes", "deduplicated_bytes", "duration_ms")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    snapshot_id: str
+    generation: int
+    created_unix_ms: int
+    files: int
+    bytes: int
+    uploaded_bytes: int
+    deduplicated_bytes: int
+    duration_ms: int
+    def __init__(self, workspace_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., generation: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., uploaded_bytes: _Optional[int] = ..., deduplicated_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class SnapshotRefused(_message.Message):
+    __slots__ = ("workspace_id", "snapshot_id", "generation", "record_generation", "reason")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RECORD_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    snapshot_id: str
+    generation: int
+    record_generation: int
+    reason: str
+    def __init__(self, workspace_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., generation: _Optional[int] = ..., record_generation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("registered", "ack", "fence", "command")
+    __slots__ = ("registered", "ack", "fence", "command", "snapshot_refused")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_REFUSED_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     ack: HeartbeatAck
     fence: Fence
     command: NodeCommand
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ..., command: _Optional[_Union[NodeCommand, _Mapping]] = ...) -> None: ...
+    snapshot_refused: SnapshotRefused
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ..., command: _Optional[_Union[NodeCommand, _Mapping]] = ..., snapshot_refused: _Optional[_Union[SnapshotRefused, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("lease_id", "node_generation", "lease_ttl_ms", "heartbeat_interval_ms", "replica_id")
@@ -228,28 +270,36 @@ class RestoreQuarantineResponse(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
 
 class ProvisionRequest(_message.Message):
-    __slots__ = ("workspace_id", "generation", "backend", "spec", "fresh", "owner")
+    __slots__ = ("workspace_id", "generation", "backend", "spec", "fresh", "owner", "restore_snapshots", "restore_required")
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     FRESH_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     generation: int
     backend: str
     spec: _types_pb2.WorkspaceSpec
     fresh: bool
     owner: str
-    def __init__(self, workspace_id: _Optional[str] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., spec: _Optional[_Union[_types_pb2.WorkspaceSpec, _Mapping]] = ..., fresh: _Optional[bool] = ..., owner: _Optional[str] = ...) -> None: ...
+    restore_snapshots: _containers.RepeatedScalarFieldContainer[str]
+    restore_required: bool
+    def __init__(self, workspace_id: _Optional[str] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., spec: _Optional[_Union[_types_pb2.WorkspaceSpec, _Mapping]] = ..., fresh: _Optional[bool] = ..., owner: _Optional[str] = ..., restore_snapshots: _Optional[_Iterable[str]] = ..., restore_required: _Optional[bool] = ...) -> None: ...
 
 class ProvisionResponse(_message.Message):
-    __slots__ = ("created", "backend")
+    __slots__ = ("created", "backend", "restored", "restore_failures")
     CREATED_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     created: bool
     backend: str
-    def __init__(self, created: _Optional[bool] = ..., backend: _Optional[str] = ...) -> None: ...
+    restored: SnapshotTaken
+    restore_failures: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, created: _Optional[bool] = ..., backend: _Optional[str] = ..., restored: _Optional[_Union[SnapshotTaken, _Mapping]] = ..., restore_failures: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("workspace_id",)
@@ -258,8 +308,16 @@ class ReleaseRequest(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("snapshot",)
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    snapshot: SnapshotTaken
+    def __init__(self, snapshot: _Optional[_Union[SnapshotTaken, _Mapping]] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
 
 class DestroyRequest(_message.Message):
     __slots__ = ("workspace_id",)

@@ -143,6 +143,11 @@ class NodeAgentServiceStub:
                 request_serializer=berth_dot_v1_dot_node__pb2.ListLocalRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_node__pb2.ListLocalResponse.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_unary(
+                '/berth.v1.NodeAgentService/Snapshot',
+                request_serializer=berth_dot_v1_dot_node__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_node__pb2.SnapshotTaken.FromString,
+                _registered_method=True)
         self.ListQuarantine = channel.unary_unary(
                 '/berth.v1.NodeAgentService/ListQuarantine',
                 request_serializer=berth_dot_v1_dot_node__pb2.ListQuarantineRequest.SerializeToString,
@@ -203,6 +208,15 @@ class NodeAgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """Snapshots the workspace now (serialized with its other snapshots and lifecycle changes)
+        and answers what was taken, carrying the generation the node holds. FAILED_PRECONDITION
+        when the node has no snapshot store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListQuarantine(self, request, context):
         """Copies moved aside instead of deleted (superseded, orphaned, replaced by a fresh
         workspace of the same id), kept for the node's `--quarantine-retention`.
@@ -255,6 +269,11 @@ def add_NodeAgentServiceServicer_to_server(servicer, server):
                     servicer.ListLocal,
                     request_deserializer=berth_dot_v1_dot_node__pb2.ListLocalRequest.FromString,
                     response_serializer=berth_dot_v1_dot_node__pb2.ListLocalResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=berth_dot_v1_dot_node__pb2.SnapshotRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_node__pb2.SnapshotTaken.SerializeToString,
             ),
             'ListQuarantine': grpc.unary_unary_rpc_method_handler(
                     servicer.ListQuarantine,
@@ -396,6 +415,33 @@ class NodeAgentService:
             '/berth.v1.NodeAgentService/ListLocal',
             berth_dot_v1_dot_node__pb2.ListLocalRequest.SerializeToString,
             berth_dot_v1_dot_node__pb2.ListLocalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/berth.v1.NodeAgentService/Snapshot',
+            berth_dot_v1_dot_node__pb2.SnapshotRequest.SerializeToString,
+            berth_dot_v1_dot_node__pb2.SnapshotTaken.FromString,
             options,
             channel_credentials,
             insecure,

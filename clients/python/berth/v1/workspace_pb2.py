@@ -22,38 +22,49 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from berth.v1 import types_pb2 as berth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62\x65rth/v1/workspace.proto\x12\x08\x62\x65rth.v1\x1a\x14\x62\x65rth/v1/types.proto\"\x9b\x01\n\x14\x43reateSessionRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12%\n\x04spec\x18\x06 \x01(\x0b\x32\x17.berth.v1.WorkspaceSpec\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"+\n\x13GetWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"a\n\x15ListWorkspacesRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"Z\n\x16ListWorkspacesResponse\x12\'\n\nworkspaces\x18\x01 \x03(\x0b\x32\x13.berth.v1.Workspace\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\">\n\x15\x43loseWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65stroy\x18\x02 \x01(\x08\"\x18\n\x16\x43loseWorkspaceResponse\">\n\x15ShareWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"@\n\x17UnshareWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t2\xd8\x08\n\x10WorkspaceService\x12\x42\n\rCreateSession\x12\x1e.berth.v1.CreateSessionRequest\x1a\x11.berth.v1.Session\x12<\n\nGetSession\x12\x1b.berth.v1.GetSessionRequest\x1a\x11.berth.v1.Session\x12M\n\x0c\x43loseSession\x12\x1d.berth.v1.CloseSessionRequest\x1a\x1e.berth.v1.CloseSessionResponse\x12\x42\n\x0cGetWorkspace\x12\x1d.berth.v1.GetWorkspaceRequest\x1a\x13.berth.v1.Workspace\x12S\n\x0eListWorkspaces\x12\x1f.berth.v1.ListWorkspacesRequest\x1a .berth.v1.ListWorkspacesResponse\x12S\n\x0e\x43loseWorkspace\x12\x1f.berth.v1.CloseWorkspaceRequest\x1a .berth.v1.CloseWorkspaceResponse\x12\x33\n\x04\x45xec\x12\x15.berth.v1.ExecRequest\x1a\x14.berth.v1.ExecResult\x12:\n\nExecStream\x12\x15.berth.v1.ExecRequest\x1a\x13.berth.v1.ExecChunk0\x01\x12<\n\x08ReadFile\x12\x19.berth.v1.ReadFileRequest\x1a\x13.berth.v1.FileChunk0\x01\x12\x46\n\tWriteFile\x12\x1a.berth.v1.WriteFileRequest\x1a\x1b.berth.v1.WriteFileResponse(\x01\x12\x31\n\x04Stat\x12\x15.berth.v1.StatRequest\x1a\x12.berth.v1.FileInfo\x12>\n\x07ListDir\x12\x18.berth.v1.ListDirRequest\x1a\x19.berth.v1.ListDirResponse\x12G\n\nRemovePath\x12\x1b.berth.v1.RemovePathRequest\x1a\x1c.berth.v1.RemovePathResponse\x12>\n\x07MakeDir\x12\x18.berth.v1.MakeDirRequest\x1a\x19.berth.v1.MakeDirResponse\x12\x46\n\x0eShareWorkspace\x12\x1f.berth.v1.ShareWorkspaceRequest\x1a\x13.berth.v1.Workspace\x12J\n\x10UnshareWorkspace\x12!.berth.v1.UnshareWorkspaceRequest\x1a\x13.berth.v1.Workspaceb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62\x65rth/v1/workspace.proto\x12\x08\x62\x65rth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14\x62\x65rth/v1/types.proto\"0\n\x18SnapshotWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"\xf0\x01\n\x08Snapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x66iles\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\x12\x16\n\x0euploaded_bytes\x18\x07 \x01(\x04\x12\x1a\n\x12\x64\x65\x64uplicated_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06latest\x18\t \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\n \x01(\x04\",\n\x14ListSnapshotsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\">\n\x15ListSnapshotsResponse\x12%\n\tsnapshots\x18\x01 \x03(\x0b\x32\x12.berth.v1.Snapshot\"D\n\x17RestoreWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"\x9b\x01\n\x14\x43reateSessionRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12%\n\x04spec\x18\x06 \x01(\x0b\x32\x17.berth.v1.WorkspaceSpec\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"+\n\x13GetWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"a\n\x15ListWorkspacesRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"Z\n\x16ListWorkspacesResponse\x12\'\n\nworkspaces\x18\x01 \x03(\x0b\x32\x13.berth.v1.Workspace\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\">\n\x15\x43loseWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65stroy\x18\x02 \x01(\x08\"\x18\n\x16\x43loseWorkspaceResponse\">\n\x15ShareWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"@\n\x17UnshareWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t2\xc3\n\n\x10WorkspaceService\x12\x42\n\rCreateSession\x12\x1e.berth.v1.CreateSessionRequest\x1a\x11.berth.v1.Session\x12<\n\nGetSession\x12\x1b.berth.v1.GetSessionRequest\x1a\x11.berth.v1.Session\x12M\n\x0c\x43loseSession\x12\x1d.berth.v1.CloseSessionRequest\x1a\x1e.berth.v1.CloseSessionResponse\x12\x42\n\x0cGetWorkspace\x12\x1d.berth.v1.GetWorkspaceRequest\x1a\x13.berth.v1.Workspace\x12S\n\x0eListWorkspaces\x12\x1f.berth.v1.ListWorkspacesRequest\x1a .berth.v1.ListWorkspacesResponse\x12S\n\x0e\x43loseWorkspace\x12\x1f.berth.v1.CloseWorkspaceRequest\x1a .berth.v1.CloseWorkspaceResponse\x12\x33\n\x04\x45xec\x12\x15.berth.v1.ExecRequest\x1a\x14.berth.v1.ExecResult\x12:\n\nExecStream\x12\x15.berth.v1.ExecRequest\x1a\x13.berth.v1.ExecChunk0\x01\x12<\n\x08ReadFile\x12\x19.berth.v1.ReadFileRequest\x1a\x13.berth.v1.FileChunk0\x01\x12\x46\n\tWriteFile\x12\x1a.berth.v1.WriteFileRequest\x1a\x1b.berth.v1.WriteFileResponse(\x01\x12\x31\n\x04Stat\x12\x15.berth.v1.StatRequest\x1a\x12.berth.v1.FileInfo\x12>\n\x07ListDir\x12\x18.berth.v1.ListDirRequest\x1a\x19.berth.v1.ListDirResponse\x12G\n\nRemovePath\x12\x1b.berth.v1.RemovePathRequest\x1a\x1c.berth.v1.RemovePathResponse\x12>\n\x07MakeDir\x12\x18.berth.v1.MakeDirRequest\x1a\x19.berth.v1.MakeDirResponse\x12\x46\n\x0eShareWorkspace\x12\x1f.berth.v1.ShareWorkspaceRequest\x1a\x13.berth.v1.Workspace\x12J\n\x10UnshareWorkspace\x12!.berth.v1.UnshareWorkspaceRequest\x1a\x13.berth.v1.Workspace\x12K\n\x11SnapshotWorkspace\x12\".berth.v1.SnapshotWorkspaceRequest\x1a\x12.berth.v1.Snapshot\x12P\n\rListSnapshots\x12\x1e.berth.v1.ListSnapshotsRequest\x1a\x1f.berth.v1.ListSnapshotsResponse\x12J\n\x10RestoreWorkspace\x12!.berth.v1.RestoreWorkspaceRequest\x1a\x13.berth.v1.Workspaceb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'berth.v1.workspace_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATESESSIONREQUEST']._serialized_start=61
-  _globals['_CREATESESSIONREQUEST']._serialized_end=216
-  _globals['_GETSESSIONREQUEST']._serialized_start=218
-  _globals['_GETSESSIONREQUEST']._serialized_end=257
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=259
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=300
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=302
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=324
-  _globals['_GETWORKSPACEREQUEST']._serialized_start=326
-  _globals['_GETWORKSPACEREQUEST']._serialized_end=369
-  _globals['_LISTWORKSPACESREQUEST']._serialized_start=371
-  _globals['_LISTWORKSPACESREQUEST']._serialized_end=468
-  _globals['_LISTWORKSPACESRESPONSE']._serialized_start=470
-  _globals['_LISTWORKSPACESRESPONSE']._serialized_end=560
-  _globals['_CLOSEWORKSPACEREQUEST']._serialized_start=562
-  _globals['_CLOSEWORKSPACEREQUEST']._serialized_end=624
-  _globals['_CLOSEWORKSPACERESPONSE']._serialized_start=626
-  _globals['_CLOSEWORKSPACERESPONSE']._serialized_end=650
-  _globals['_SHAREWORKSPACEREQUEST']._serialized_start=652
-  _globals['_SHAREWORKSPACEREQUEST']._serialized_end=714
-  _globals['_UNSHAREWORKSPACEREQUEST']._serialized_start=716
-  _globals['_UNSHAREWORKSPACEREQUEST']._serialized_end=780
-  _globals['_WORKSPACESERVICE']._serialized_start=783
-  _globals['_WORKSPACESERVICE']._serialized_end=1895
+  _globals['_SNAPSHOTWORKSPACEREQUEST']._serialized_start=93
+  _globals['_SNAPSHOTWORKSPACEREQUEST']._serialized_end=141
+  _globals['_SNAPSHOT']._serialized_start=144
+  _globals['_SNAPSHOT']._serialized_end=384
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=386
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=430
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=432
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=494
+  _globals['_RESTOREWORKSPACEREQUEST']._serialized_start=496
+  _globals['_RESTOREWORKSPACEREQUEST']._serialized_end=564
+  _globals['_CREATESESSIONREQUEST']._serialized_start=567
+  _globals['_CREATESESSIONREQUEST']._serialized_end=722
+  _globals['_GETSESSIONREQUEST']._serialized_start=724
+  _globals['_GETSESSIONREQUEST']._serialized_end=763
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=765
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=806
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=808
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=830
+  _globals['_GETWORKSPACEREQUEST']._serialized_start=832
+  _globals['_GETWORKSPACEREQUEST']._serialized_end=875
+  _globals['_LISTWORKSPACESREQUEST']._serialized_start=877
+  _globals['_LISTWORKSPACESREQUEST']._serialized_end=974
+  _globals['_LISTWORKSPACESRESPONSE']._serialized_start=976
+  _globals['_LISTWORKSPACESRESPONSE']._serialized_end=1066
+  _globals['_CLOSEWORKSPACEREQUEST']._serialized_start=1068
+  _globals['_CLOSEWORKSPACEREQUEST']._serialized_end=1130
+  _globals['_CLOSEWORKSPACERESPONSE']._serialized_start=1132
+  _globals['_CLOSEWORKSPACERESPONSE']._serialized_end=1156
+  _globals['_SHAREWORKSPACEREQUEST']._serialized_start=1158
+  _globals['_SHAREWORKSPACEREQUEST']._serialized_end=1220
+  _globals['_UNSHAREWORKSPACEREQUEST']._serialized_start=1222
+  _globals['_UNSHAREWORKSPACEREQUEST']._serialized_end=1286
+  _globals['_WORKSPACESERVICE']._serialized_start=1289
+  _globals['_WORKSPACESERVICE']._serialized_end=2636
 # @@protoc_insertion_point(module_scope)

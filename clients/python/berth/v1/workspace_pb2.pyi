@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from berth.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -6,6 +9,56 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SnapshotWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class Snapshot(_message.Message):
+    __slots__ = ("snapshot_id", "workspace_id", "generation", "created_at", "files", "bytes", "uploaded_bytes", "deduplicated_bytes", "latest", "duration_ms")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    workspace_id: str
+    generation: int
+    created_at: _timestamp_pb2.Timestamp
+    files: int
+    bytes: int
+    uploaded_bytes: int
+    deduplicated_bytes: int
+    latest: bool
+    duration_ms: int
+    def __init__(self, snapshot_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., generation: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., uploaded_bytes: _Optional[int] = ..., deduplicated_bytes: _Optional[int] = ..., latest: _Optional[bool] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class ListSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots",)
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[Snapshot]
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[Snapshot, _Mapping]]] = ...) -> None: ...
+
+class RestoreWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id", "snapshot_id")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    snapshot_id: str
+    def __init__(self, workspace_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("user_id", "agent_id", "session_id", "workspace_id", "backend", "spec")

@@ -115,6 +115,21 @@ class WorkspaceServiceStub:
                 request_serializer=berth_dot_v1_dot_workspace__pb2.UnshareWorkspaceRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_types__pb2.Workspace.FromString,
                 _registered_method=True)
+        self.SnapshotWorkspace = channel.unary_unary(
+                '/berth.v1.WorkspaceService/SnapshotWorkspace',
+                request_serializer=berth_dot_v1_dot_workspace__pb2.SnapshotWorkspaceRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_workspace__pb2.Snapshot.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/berth.v1.WorkspaceService/ListSnapshots',
+                request_serializer=berth_dot_v1_dot_workspace__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_workspace__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.RestoreWorkspace = channel.unary_unary(
+                '/berth.v1.WorkspaceService/RestoreWorkspace',
+                request_serializer=berth_dot_v1_dot_workspace__pb2.RestoreWorkspaceRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_types__pb2.Workspace.FromString,
+                _registered_method=True)
 
 
 class WorkspaceServiceServicer:
@@ -219,6 +234,30 @@ class WorkspaceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnapshotWorkspace(self, request, context):
+        """Snapshots (docs/design.md §4.8; owner or admin). SnapshotWorkspace snapshots the
+        workspace on its node now and records it as the latest; FAILED_PRECONDITION when the
+        cluster has no snapshot store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """The workspace's snapshots in the store, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreWorkspace(self, request, context):
+        """Replaces the workspace's files with a snapshot's (the latest when `snapshot_id` is
+        empty) at a new generation; the copy it replaces is moved to its node's quarantine.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkspaceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -300,6 +339,21 @@ def add_WorkspaceServiceServicer_to_server(servicer, server):
             'UnshareWorkspace': grpc.unary_unary_rpc_method_handler(
                     servicer.UnshareWorkspace,
                     request_deserializer=berth_dot_v1_dot_workspace__pb2.UnshareWorkspaceRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_types__pb2.Workspace.SerializeToString,
+            ),
+            'SnapshotWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotWorkspace,
+                    request_deserializer=berth_dot_v1_dot_workspace__pb2.SnapshotWorkspaceRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_workspace__pb2.Snapshot.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=berth_dot_v1_dot_workspace__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_workspace__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'RestoreWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreWorkspace,
+                    request_deserializer=berth_dot_v1_dot_workspace__pb2.RestoreWorkspaceRequest.FromString,
                     response_serializer=berth_dot_v1_dot_types__pb2.Workspace.SerializeToString,
             ),
     }
@@ -734,6 +788,87 @@ class WorkspaceService:
             target,
             '/berth.v1.WorkspaceService/UnshareWorkspace',
             berth_dot_v1_dot_workspace__pb2.UnshareWorkspaceRequest.SerializeToString,
+            berth_dot_v1_dot_types__pb2.Workspace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/berth.v1.WorkspaceService/SnapshotWorkspace',
+            berth_dot_v1_dot_workspace__pb2.SnapshotWorkspaceRequest.SerializeToString,
+            berth_dot_v1_dot_workspace__pb2.Snapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/berth.v1.WorkspaceService/ListSnapshots',
+            berth_dot_v1_dot_workspace__pb2.ListSnapshotsRequest.SerializeToString,
+            berth_dot_v1_dot_workspace__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/berth.v1.WorkspaceService/RestoreWorkspace',
+            berth_dot_v1_dot_workspace__pb2.RestoreWorkspaceRequest.SerializeToString,
             berth_dot_v1_dot_types__pb2.Workspace.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,322 @@
+//! Workspace snapshots end to end (issue 15), with real replicas, node agents, etcd and a
+//! `dir` snapshot store on disk: a SIGKILLed node's workspace comes back restored on another
+//! node with exactly its files; a drain without `--force` moves every workspace with its
+//! data; a corrupted blob makes the restore fall back to the previous snapshot, loudly; a
+//! snapshot from a node holding an older placement never becomes the latest.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use berth_proto::v1;
+use berth_proto::v1::node_service_client::NodeServiceClient;
+use berth_testkit::{wait_for, wait_until};
+use berth_tests::berth::{cli, retry_transient};
+use berth_tests::cluster::{Cluster, ClusterConfig};
+use tempfile::TempDir;
+
+/// A cluster whose replicas and nodes share one `dir` snapshot store (returned: it must
+/// outlive the cluster).
+async fn snapshot_cluster(replicas: usize, nodes: usize) -> (Cluster, TempDir) {
+    let store = tempfile::Builder::new().prefix("berth-snapshots-").tempdir().expect("store dir");
+    let url = format!("file://{}", store.path().display());
+    let mut config = ClusterConfig::on_shared_etcd(replicas, nodes);
+    config.node_flags = vec!["--snapshot-store".into(), url.clone()];
+    config.replica_flags = vec!["--snapshot-store".into(), url];
+    let cluster = Cluster::start(config).await.expect("cluster");
+    (cluster, store)
+}
+
+/// Every regular file under `root` (relative path -> content), for exact comparison.
+fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(metadata) = std::fs::symlink_metadata(&path) else { continue };
+            if metadata.is_dir() {
+                pending.push(path);
+            } else if metadata.is_file() {
+                let relative = path.strip_prefix(root).expect("under root").display().to_string();
+                files.insert(relative, std::fs::read(&path).expect("read"));
+            }
+        }
+    }
+    files
+}
+
+fn workspace_root(cluster: &Cluster, node_id: &str, workspace_id: &str) -> PathBuf {
+    cluster.node(node_id).expect("node").data_dir.join("workspaces").join(workspace_id)
+}
+
+/// Writes a small tree: text, a nested file and 200 KiB of pseudo-random bytes.
+async fn write_files(cluster: &Cluster, workspace_id: &str, tag: &str) {
+    let replica = &cluster.replicas[0].server;
+    let noise: Vec<u8> = (0..200 * 1024u32).map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    replica.write_file(workspace_id, "notes.txt", format!("notes of {tag}").as_bytes()).await.expect("write notes");
+    replica.write_file(workspace_id, "src/deep/main.rs", b"fn main() {}\n").await.expect("write nested");
+    replica.write_file(workspace_id, "data.bin", &noise).await.expect("write binary");
+}
+
+async fn wait_node_gone(cluster: &Cluster, node_id: &str) {
+    let gone = wait_until(Duration::from_secs(15), || async {
+        cluster
+            .listed_nodes()
+            .await
+            .iter()
+            .all(|listed| listed.as_ref().is_some_and(|ids| !ids.iter().any(|id| id == node_id)))
+    })
+    .await;
+    assert!(gone, "{node_id} is still listed\n{}", cluster.logs(30));
+}
+
+fn snapshot_by_cli(endpoint: &str, workspace_id: &str) -> serde_json::Value {
+    let output = cli(endpoint, &["-o", "json", "ws", "snapshot", workspace_id]);
+    assert!(
+        output.status.success(),
+        "berth ws snapshot failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("snapshot json")
+}
+
+/// (1) SIGKILL the node holding a snapshotted workspace: through another replica it comes
+/// back on the other node with exactly the files of the snapshot, and says restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_s_workspace_comes_back_restored_on_another_node() {
+    let (cluster, _store) = snapshot_cluster(2, 2).await;
+    let first = &cluster.replicas[0].server;
+    let session = first.create_session("ana", "agent").await.expect("create");
+    let workspace_id = session.workspace_id;
+    write_files(&cluster, &workspace_id, "ana").await;
+    let placed = first.get_workspace(&workspace_id).await.expect("get");
+    let before = tree(&workspace_root(&cluster, &placed.node_id, &workspace_id));
+    assert!(before.contains_key("data.bin"), "{:?}", before.keys().collect::<Vec<_>>());
+
+    let snapshot = snapshot_by_cli(&first.endpoint, &workspace_id);
+    let snapshot_id = snapshot["snapshot_id"].as_str().expect("snapshot id").to_owned();
+    assert_eq!(snapshot["generation"].as_u64(), Some(placed.generation), "{snapshot}");
+    let listed = cli(&first.endpoint, &["-o", "json", "ws", "snapshots", &workspace_id]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("snapshots json");
+    assert_eq!(listed[0]["snapshot_id"].as_str(), Some(snapshot_id.as_str()), "{listed}");
+    assert_eq!(listed[0]["latest"].as_bool(), Some(true), "{listed}");
+
+    let node = cluster.node(&placed.node_id).expect("node");
+    node.server.kill();
+    wait_node_gone(&cluster, &node.id).await;
+
+    let second = &cluster.replicas[1].server;
+    let (read, _) = retry_transient(Duration::from_secs(20), || second.read_file(&workspace_id, "notes.txt")).await;
+    assert_eq!(read.as_deref().ok(), Some(&b"notes of ana"[..]), "{read:?}\n{}", cluster.logs(40));
+    let back = second.get_workspace(&workspace_id).await.expect("get");
+    assert_ne!(back.node_id, placed.node_id, "{back:?}");
+    assert_eq!(back.origin(), v1::WorkspaceOrigin::Restored, "{back:?}");
+    assert_eq!(back.origin_snapshot_id, snapshot_id, "{back:?}");
+    assert!(back.origin_snapshot_time.is_some(), "{back:?}");
+    assert_eq!(back.origin_generation, back.generation, "{back:?}");
+    let after = tree(&workspace_root(&cluster, &back.node_id, &workspace_id));
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>(),
+        "the restored tree has other files"
+    );
+    assert!(after == before, "a restored file differs from the snapshotted one");
+}
+
+/// (2) `berth nodes drain NODE` without `--force` snapshots and moves every workspace of
+/// the node, printing one progress line each; nothing written before the drain is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_without_force_moves_every_workspace_with_its_files() {
+    let (cluster, _store) = snapshot_cluster(1, 2).await;
+    let replica = &cluster.replicas[0].server;
+    let mut workspaces = Vec::new();
+    for agent in ["a1", "a2", "a3", "a4"] {
+        let session = replica.create_session("bo", agent).await.expect("create");
+        write_files(&cluster, &session.workspace_id, agent).await;
+        let placed = replica.get_workspace(&session.workspace_id).await.expect("get");
+        workspaces.push(placed);
+    }
+    let drained = workspaces[0].node_id.clone();
+    let on_drained: Vec<&v1::Workspace> = workspaces.iter().filter(|workspace| workspace.node_id == drained).collect();
+    let before: Vec<_> =
+        on_drained.iter().map(|workspace| tree(&workspace_root(&cluster, &drained, &workspace.workspace_id))).collect();
+
+    let output = cli(&replica.endpoint, &["nodes", "drain", &drained]);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "drain failed: {stdout}{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        cluster.logs(40)
+    );
+    let total = on_drained.len();
+    for index in 1..=total {
+        assert!(stdout.contains(&format!("[{index}/{total}]")), "no progress line {index}/{total}: {stdout}");
+    }
+    assert!(stdout.contains(&format!("moved {total} of {total}")), "{stdout}");
+
+    for (workspace, before) in on_drained.iter().zip(before) {
+        let moved = replica.get_workspace(&workspace.workspace_id).await.expect("get");
+        assert_ne!(moved.node_id, drained, "{moved:?}");
+        assert_eq!(moved.origin(), v1::WorkspaceOrigin::Restored, "{moved:?}");
+        let after = tree(&workspace_root(&cluster, &moved.node_id, &workspace.workspace_id));
+        assert!(after == before, "{} lost or changed files in the move", workspace.workspace_id);
+        let read = replica.read_file(&workspace.workspace_id, "src/deep/main.rs").await;
+        assert_eq!(read.as_deref().ok(), Some(&b"fn main() {}\n"[..]), "{read:?}");
+    }
+}
+
+/// Blob files of a `dir` store.
+fn blobs(store: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![store.join("blobs")];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// (3) A blob of the latest snapshot is corrupted on disk: the re-placement's restore fails
+/// on it, says so in the node's log, and restores the previous snapshot instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_blob_makes_the_restore_fall_back_to_the_previous_snapshot() {
+    let (cluster, store) = snapshot_cluster(1, 2).await;
+    let replica = &cluster.replicas[0].server;
+    let session = replica.create_session("cy", "agent").await.expect("create");
+    let workspace_id = session.workspace_id;
+    replica.write_file(&workspace_id, "kept.txt", b"in both snapshots").await.expect("write");
+    let older = snapshot_by_cli(&replica.endpoint, &workspace_id);
+    let blobs_of_older = blobs(store.path());
+    let noise: Vec<u8> = (0..300 * 1024u32).map(|index| (index.wrapping_mul(40_503) >> 7) as u8).collect();
+    replica.write_file(&workspace_id, "newer.bin", &noise).await.expect("write");
+    let newer = snapshot_by_cli(&replica.endpoint, &workspace_id);
+    let new_blobs: Vec<PathBuf> =
+        blobs(store.path()).into_iter().filter(|blob| !blobs_of_older.contains(blob)).collect();
+    assert!(!new_blobs.is_empty(), "the newer snapshot uploaded no blob");
+    for blob in &new_blobs {
+        let mut bytes = std::fs::read(blob).expect("read blob");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(blob, bytes).expect("corrupt blob");
+    }
+
+    let placed = replica.get_workspace(&workspace_id).await.expect("get");
+    let node = cluster.node(&placed.node_id).expect("node");
+    node.server.kill();
+    wait_node_gone(&cluster, &node.id).await;
+    let (read, _) = retry_transient(Duration::from_secs(20), || replica.read_file(&workspace_id, "kept.txt")).await;
+    assert_eq!(read.as_deref().ok(), Some(&b"in both snapshots"[..]), "{read:?}\n{}", cluster.logs(40));
+    let back = replica.get_workspace(&workspace_id).await.expect("get");
+    assert_eq!(back.origin(), v1::WorkspaceOrigin::Restored, "{back:?}");
+    assert_eq!(back.origin_snapshot_id, older["snapshot_id"].as_str().unwrap(), "fell back to the older one: {back:?}");
+    let missing = replica.read_file(&workspace_id, "newer.bin").await;
+    assert!(missing.is_err(), "a file of the corrupt snapshot came back: {:?}", missing.map(|bytes| bytes.len()));
+    let new_node = cluster.node(&back.node_id).expect("new node");
+    let newer_id = newer["snapshot_id"].as_str().unwrap();
+    let loud: Vec<String> = new_node
+        .server
+        .log()
+        .lines()
+        .filter(|line| line.contains(newer_id) && line.contains("ERROR"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !loud.is_empty(),
+        "the failed restore of {newer_id} is not in the node's log as an error:\n{}",
+        new_node.server.log()
+    );
+    let replica_says = cluster.replica_log_lines(&cluster.replicas[0].id, "restored from an older snapshot");
+    assert!(!replica_says.is_empty(), "the replica did not warn about the fallback");
+}
+
+/// (4) A snapshot reported by a node holding an older placement (here: the node's id
+/// registering again after its workspace was re-placed elsewhere) is refused with a typed
+/// answer and never becomes the workspace's latest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_from_a_fenced_node_is_refused() {
+    let (cluster, _store) = snapshot_cluster(1, 2).await;
+    let replica = &cluster.replicas[0].server;
+    let session = replica.create_session("dee", "agent").await.expect("create");
+    let workspace_id = session.workspace_id;
+    replica.write_file(&workspace_id, "notes.txt", b"before").await.expect("write");
+    let taken = snapshot_by_cli(&replica.endpoint, &workspace_id);
+    let placed = replica.get_workspace(&workspace_id).await.expect("get");
+    let node = cluster.node(&placed.node_id).expect("node");
+    node.server.kill();
+    wait_node_gone(&cluster, &node.id).await;
+    let (read, _) = retry_transient(Duration::from_secs(20), || replica.read_file(&workspace_id, "notes.txt")).await;
+    assert_eq!(read.as_deref().ok(), Some(&b"before"[..]), "{read:?}\n{}", cluster.logs(40));
+    let moved = replica.get_workspace(&workspace_id).await.expect("get");
+    assert!(moved.generation > placed.generation);
+
+    // The old node's id comes back and reports a late snapshot of its old placement.
+    let mut client = NodeServiceClient::new(replica.channel());
+    let (outbound, receiver) = tokio::sync::mpsc::channel(4);
+    let register = v1::Register {
+        node_id: node.id.clone(),
+        address: "http://127.0.0.1:9".into(),
+        backends: vec!["local".into()],
+        default_backend: "local".into(),
+        key_prefix: cluster.prefix.clone(),
+        ..Default::default()
+    };
+    outbound.send(v1::NodeMessage { msg: Some(v1::node_message::Msg::Register(register)) }).await.unwrap();
+    let mut inbound =
+        client.heartbeat(tokio_stream::wrappers::ReceiverStream::new(receiver)).await.expect("heartbeat").into_inner();
+    let late = v1::SnapshotTaken {
+        workspace_id: workspace_id.clone(),
+        snapshot_id: format!("{:013}-{:020}-{:016x}", 9_999_999_999_999u64, placed.generation, 7u64),
+        generation: placed.generation,
+        created_unix_ms: 9_999_999_999_999,
+        ..Default::default()
+    };
+    let report = v1::HeartbeatReport { seq: 1, snapshots: vec![late.clone()], ..Default::default() };
+    let refused = tokio::time::timeout(Duration::from_secs(15), async {
+        let mut reported = false;
+        while let Ok(Some(message)) = inbound.message().await {
+            match message.msg {
+                Some(v1::control_message::Msg::Registered(_)) if !reported => {
+                    reported = true;
+                    outbound
+                        .send(v1::NodeMessage { msg: Some(v1::node_message::Msg::Report(report.clone())) })
+                        .await
+                        .ok();
+                }
+                Some(v1::control_message::Msg::SnapshotRefused(refused)) => return Some(refused),
+                _ => {}
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+    .expect("no SnapshotRefused answer");
+    assert_eq!(refused.snapshot_id, late.snapshot_id);
+    assert_eq!(refused.generation, placed.generation);
+    assert_eq!(refused.record_generation, moved.generation, "{refused:?}");
+    assert!(refused.reason.contains("refused as its latest"), "{}", refused.reason);
+
+    // The record's pointer is not the late snapshot.
+    let registry = cluster.registry().await;
+    let record = wait_for(Duration::from_secs(5), || async {
+        cluster.workspace_record(registry.as_ref(), &workspace_id).await.ok().flatten()
+    })
+    .await
+    .expect("record");
+    let pointer = record.snapshot.expect("a snapshot pointer");
+    assert_ne!(pointer.id, late.snapshot_id, "the fenced snapshot became the latest");
+    assert_eq!(pointer.id, taken["snapshot_id"].as_str().unwrap());
+}
