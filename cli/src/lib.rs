@@ -60,6 +60,8 @@ pub enum Command {
     ControlPlane(commands::server::ControlPlaneArgs),
     /// Run a node agent that hosts workspaces on this machine.
     NodeAgent(commands::server::NodeAgentArgs),
+    /// Make one node's own credential from the replicas' node credential key.
+    NodeCredential(commands::server::NodeCredentialArgs),
 }
 
 impl Command {
@@ -117,6 +119,7 @@ async fn dispatch(cli: Cli, io: &mut Io<'_>) -> anyhow::Result<i32> {
         Command::Up(args) => commands::server::up(args).await,
         Command::ControlPlane(args) => commands::server::control_plane(args).await,
         Command::NodeAgent(args) => commands::server::node_agent(args).await,
+        Command::NodeCredential(args) => commands::server::node_credential(args),
     }
 }
 

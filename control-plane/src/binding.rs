@@ -485,7 +485,7 @@ impl Binder {
         generation: u64,
         fresh: bool,
     ) -> Result<Provisioned> {
-        let mut client = self.nodes.get(address)?;
+        let mut client = self.nodes.get(node_id, address)?;
         let message = v1::ProvisionRequest {
             workspace_id: record.id.to_string(),
             generation,

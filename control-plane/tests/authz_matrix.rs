@@ -504,10 +504,31 @@ async fn explicit_ids_sharing_and_squatting() {
 async fn jwt_claims_make_admins_and_services() {
     let harness = support::start(Limits::default()).await;
     let fixture = setup(&harness).await;
-    let admin = Creds::jwt(&jwt("root", 300, serde_json::json!({ "admin": true })));
+    let admin = Creds::jwt(&jwt("root", 300, serde_json::json!({ "berth/admin": true })));
     harness.admin(admin.clone()).list_nodes(v1::ListNodesRequest {}).await.unwrap();
-    let service = Creds::jwt(&jwt("platform", 300, serde_json::json!({ "act_for_users": true }))).acting_as("alice");
+    let service =
+        Creds::jwt(&jwt("platform", 300, serde_json::json!({ "berth/act_for_users": true }))).acting_as("alice");
     harness.workspace(service).exec(exec_request(&fixture.workspace)).await.unwrap();
+    // Wrong issuer, wrong audience, none of either, too long a life, a bare legacy claim:
+    // each refused by the replica before any handler runs.
+    for (name, extra) in [
+        ("wrong issuer", serde_json::json!({ "iss": "someone-else" })),
+        ("wrong audience", serde_json::json!({ "aud": "another-service" })),
+        ("no issuer", serde_json::json!({ "iss": null })),
+        ("no audience", serde_json::json!({ "aud": null })),
+        ("legacy admin claim", serde_json::json!({ "admin": true })),
+    ] {
+        let refused =
+            harness.admin(Creds::jwt(&jwt("root", 300, extra))).list_nodes(v1::ListNodesRequest {}).await.unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated, "{name}: {refused:?}");
+    }
+    let refused = harness
+        .workspace(Creds::jwt(&jwt("alice", 3 * 24 * 3600, serde_json::json!({}))))
+        .list_workspaces(v1::ListWorkspacesRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("--jwt-max-lifetime"), "{refused:?}");
     let user_acting = Creds::jwt(&jwt("eve", 300, serde_json::json!({}))).acting_as("alice");
     let refused = harness.workspace(user_acting).exec(exec_request(&fixture.workspace)).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied);

@@ -247,7 +247,7 @@ impl Sessions {
             let Some(node) = &node else { return Ok(v1::CloseWorkspaceResponse {}) };
             // The node removes the files at once (an owner's delete); a node that does not
             // answer keeps them until it reports the copy (then they are quarantined).
-            let mut client = self.nodes.get(&node.address)?;
+            let mut client = self.nodes.get(&node.node_id, &node.address)?;
             let request = node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout);
             match client.destroy(request).await {
                 Ok(_) => {
@@ -263,7 +263,7 @@ impl Sessions {
             }
         } else {
             if let Some(node) = &node {
-                let mut client = self.nodes.get(&node.address)?;
+                let mut client = self.nodes.get(&node.node_id, &node.address)?;
                 client
                     .release(node_request(v1::ReleaseRequest { workspace_id: id }, record.generation, timeout))
                     .await?;

@@ -147,7 +147,7 @@ async fn a_plain_user_cannot_pick_local_and_lands_in_the_sandbox() {
     let refused = stack.session(MALLORY, "coder", "local").await.expect_err("mallory got a local workspace");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(
-        refused.message().contains("berth_backends") && refused.message().contains("backends = [\"local\"]"),
+        refused.message().contains("berth/backends") && refused.message().contains("backends = [\"local\"]"),
         "the refusal must name the grant: {}",
         refused.message()
     );
