@@ -159,6 +159,34 @@ mod tests {
     }
 
     #[test]
+    fn the_token_comes_from_a_file_and_secret_flags_are_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "file-token-0123456789\n").unwrap();
+        let path = file.display().to_string();
+        let cli = Cli::try_parse_from(["berth", "--token-file", &path, "ws", "list"]).unwrap();
+        assert_eq!(cli.global.token().unwrap().unwrap().expose(), "file-token-0123456789");
+        std::fs::write(&file, "\n").unwrap();
+        assert!(cli.global.token().unwrap_err().to_string().contains("is empty"));
+
+        let warned = crate::global::secrets_on_the_command_line([
+            "--token=t",
+            "mcp",
+            "add",
+            "--secret-env",
+            "K=v",
+            "--secret-header",
+            "A=b",
+            "--token",
+            "t",
+        ]);
+        assert_eq!(warned.len(), 3, "{warned:?}");
+        assert!(warned[0].starts_with("--token ") && warned[0].contains("--token-file"), "{warned:?}");
+        assert!(warned.iter().all(|warning| !warning.contains("K=v")), "{warned:?}");
+        assert!(crate::global::secrets_on_the_command_line(["--token-file", "f", "exec", "--", "--token"]).is_empty());
+    }
+
+    #[test]
     fn unknown_output_format_is_a_usage_error() {
         let error = Cli::try_parse_from(["berth", "-o", "yaml", "ws", "list"]).unwrap_err();
         assert_eq!(error.exit_code(), 2);

@@ -169,6 +169,31 @@ async fn control_plane_with_tokens_and_the_cli() {
     .await;
     assert!(reloaded, "the admin token added to the file was never accepted; log:\n{}", replica.log());
     assert!(replica.log().contains("berth::audit"), "no audit lines in the replica log");
+
+    // The token from a file: nothing secret on the CLI's command line, and no warning.
+    let token_file = dir.path().join("alice.token");
+    std::fs::write(&token_file, "alice-token-0123456789\n").unwrap();
+    let from_file = cli(&endpoint, None, &["--token-file", &token_file.display().to_string(), "ws", "list"]);
+    assert!(from_file.status.success(), "--token-file: {}", text(&from_file.stderr));
+    assert!(!text(&from_file.stderr).contains("warning"), "{}", text(&from_file.stderr));
+    // A token on the command line still works, with a warning naming the safe ways.
+    let on_argv = cli(&endpoint, None, &["--token", "alice-token-0123456789", "ws", "list"]);
+    assert!(on_argv.status.success(), "--token: {}", text(&on_argv.stderr));
+    assert!(
+        text(&on_argv.stderr).contains("warning: --token puts a secret on the command line"),
+        "{}",
+        text(&on_argv.stderr)
+    );
+    // What `ps` shows of the running servers holds no secret: every one came from a file.
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    let credential_text = std::fs::read_to_string(&credentials[0]).unwrap();
+    for (name, pid) in [("replica", replica.pid()), ("node", _node.pid())] {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        for secret in [key_text.trim(), credential_text.trim(), "alice-token-0123456789", "ops-token-0123456789"] {
+            assert!(!cmdline.contains(secret), "{name}'s command line shows a secret: {cmdline}");
+        }
+    }
 }
 
 /// Issue 14: two real node-agent processes with the same id and credential (a copied

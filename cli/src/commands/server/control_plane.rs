@@ -267,9 +267,7 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     let gateway =
         args.gateway.prepare(&config.replica_id, &config.key_prefix, &config.node_auth(), own_endpoint).await?;
     let shutdown = shutdown_on_signal();
-    if let Some(listen) = &args.telemetry.metrics_listen {
-        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
-    }
+    args.telemetry.serve_metrics(shutdown.clone()).await?;
     // The gateway stops after the replica, so calls the replica forwarded to it finish.
     let gateway_shutdown = CancellationToken::new();
     let gateway_task = gateway.map(|gateway| gateway.spawn(gateway_shutdown.clone()));

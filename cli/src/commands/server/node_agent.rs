@@ -278,9 +278,7 @@ pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();
-    if let Some(listen) = &args.telemetry.metrics_listen {
-        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
-    }
+    args.telemetry.serve_metrics(shutdown.clone()).await?;
     berth_node_agent::serve(listener, config, shutdown).await.context("node agent")?;
     Ok(0)
 }

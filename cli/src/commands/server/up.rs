@@ -80,9 +80,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let registry = EmbeddedRegistry::open(&data_dir.join("registry.journal"), EmbeddedConfig::default())
         .with_context(|| format!("opening the registry journal in {}", data_dir.display()))?;
     let shutdown = shutdown_on_signal();
-    if let Some(listen) = &args.telemetry.metrics_listen {
-        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
-    }
+    args.telemetry.serve_metrics(shutdown.clone()).await?;
     // The node agent stops after the control plane so in-flight forwarded calls finish.
     let node_shutdown = CancellationToken::new();
     let node_task = tokio::spawn(berth_node_agent::serve(node_listener, node, node_shutdown.clone()));
