@@ -536,3 +536,46 @@ async fn jwt_claims_make_admins_and_services() {
     let mut health = tonic_health::pb::health_client::HealthClient::new(support::channel(&harness.token_endpoint));
     health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap();
 }
+
+/// Issue 14: a workspace's spec env (credentials the owner hands its agent) is readable by
+/// its owner and admins only; a user it is shared with sees the names, not the values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_env_values_are_shown_to_the_owner_and_admins_only() {
+    let harness = support::start(Limits::default()).await;
+    let mut alice = harness.workspace(Creds::token(ALICE));
+    let spec = v1::WorkspaceSpec {
+        env: [("API_KEY".to_owned(), "alice-secret-value-0123".to_owned())].into_iter().collect(),
+        ..Default::default()
+    };
+    let session = alice
+        .create_session(v1::CreateSessionRequest { agent_id: "env".into(), spec: Some(spec), ..Default::default() })
+        .await
+        .expect("alice's session")
+        .into_inner();
+    let workspace_id = session.workspace_id;
+    let shared = alice
+        .share_workspace(v1::ShareWorkspaceRequest { workspace_id: workspace_id.clone(), user_id: "carol".into() })
+        .await
+        .expect("share")
+        .into_inner();
+    assert_eq!(shared.spec.expect("spec").env["API_KEY"], "alice-secret-value-0123", "the owner's own answer");
+    let env_seen_by = |creds: Creds| {
+        let mut client = harness.workspace(creds);
+        let workspace_id = workspace_id.clone();
+        async move {
+            let got = client.get_workspace(v1::GetWorkspaceRequest { workspace_id: workspace_id.clone() }).await;
+            let got = got.expect("get").into_inner().spec.expect("spec").env;
+            let listed = client.list_workspaces(v1::ListWorkspacesRequest::default()).await.expect("list").into_inner();
+            let listed = listed.workspaces.into_iter().find(|workspace| workspace.workspace_id == workspace_id);
+            (got, listed.expect("listed").spec.expect("spec").env)
+        }
+    };
+    for (who, creds) in [("owner", Creds::token(ALICE)), ("admin", Creds::token(OPS))] {
+        let (got, listed) = env_seen_by(creds).await;
+        assert_eq!(got["API_KEY"], "alice-secret-value-0123", "{who}: get");
+        assert_eq!(listed["API_KEY"], "alice-secret-value-0123", "{who}: list");
+    }
+    let (got, listed) = env_seen_by(Creds::token(CAROL)).await;
+    assert_eq!(got["API_KEY"], "<redacted>", "shared user: get");
+    assert_eq!(listed["API_KEY"], "<redacted>", "shared user: list");
+}

@@ -167,7 +167,7 @@ impl Sessions {
 
     pub async fn get_workspace(&self, caller: &Caller, workspace_id: &str) -> Result<v1::Workspace, ControlPlaneError> {
         let (_, record) = self.access.workspace(caller, workspace_id, Action::View).await?;
-        Ok(self.workspace_to_proto(&record))
+        Ok(self.workspace_for(caller, &record))
     }
 
     /// Lists what the caller may see, nothing else (not even a count).
@@ -189,7 +189,7 @@ impl Sessions {
         let next_page_token =
             if more { matching.last().map(|record| record.id.to_string()).unwrap_or_default() } else { String::new() };
         Ok(v1::ListWorkspacesResponse {
-            workspaces: matching.iter().map(|record| self.workspace_to_proto(record)).collect(),
+            workspaces: matching.iter().map(|record| self.workspace_for(caller, record)).collect(),
             next_page_token,
         })
     }
@@ -276,6 +276,21 @@ impl Sessions {
         Ok(v1::CloseWorkspaceResponse {})
     }
 
+    /// The workspace as `caller` may see it: the spec's env values (often credentials the
+    /// owner handed its agent) only for the owner and admins; anyone else it is shared with,
+    /// or who sees a `global` workspace, gets the names with [`REDACTED`] values.
+    pub fn workspace_for(&self, caller: &Caller, record: &WorkspaceRecord) -> v1::Workspace {
+        let mut workspace = self.workspace_to_proto(record);
+        let principal = caller.principal();
+        if !principal.is_admin()
+            && principal.user() != record.owner
+            && let Some(spec) = workspace.spec.as_mut()
+        {
+            spec.env.values_mut().for_each(|value| *value = REDACTED.to_owned());
+        }
+        workspace
+    }
+
     pub fn workspace_to_proto(&self, record: &WorkspaceRecord) -> v1::Workspace {
         let state = match self.store.effective_state(record) {
             EffectiveState::Ready => v1::WorkspaceState::Ready,
@@ -302,6 +317,9 @@ impl Sessions {
         }
     }
 }
+
+/// What a spec env value reads as for callers other than the owner and admins.
+pub const REDACTED: &str = "<redacted>";
 
 /// The origin fields of a Workspace answer (every other field default).
 pub fn origin_to_proto(origin: &Origin) -> v1::Workspace {
