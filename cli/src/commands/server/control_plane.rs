@@ -19,9 +19,24 @@ use super::flags::{default_id, parse_duration, shutdown_on_signal, split_list};
 /// Flags of `berth control-plane`.
 #[derive(Debug, Args)]
 pub struct ControlPlaneArgs {
-    /// etcd endpoints, comma-separated or repeated.
+    /// etcd endpoints, comma-separated or repeated (`https://` with --etcd-ca).
     #[arg(long, env = "BERTH_ETCD", required = true, value_delimiter = ',')]
     pub etcd: Vec<String>,
+    /// CA (PEM) of etcd's server certificates: etcd over TLS.
+    #[arg(long, env = "BERTH_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) this replica presents to etcd (etcd's --client-cert-auth)…
+    #[arg(long, env = "BERTH_ETCD_CERT", requires = "etcd_key", requires = "etcd_ca")]
+    pub etcd_cert: Option<PathBuf>,
+    /// …and its key.
+    #[arg(long, env = "BERTH_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (etcd authentication), with its password in --etcd-password-file.
+    #[arg(long, env = "BERTH_ETCD_USER", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(long, env = "BERTH_ETCD_PASSWORD_FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
     /// Address to serve gRPC on.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: String,
@@ -257,9 +272,23 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     });
     config.validate().map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
     let endpoints = split_list(&args.etcd);
-    let registry = EtcdRegistry::connect(EtcdConfig::new(endpoints.clone()))
-        .await
-        .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
+    let mut etcd = EtcdConfig::new(endpoints.clone());
+    etcd.tls = args.etcd_ca.map(|ca| ClientTls {
+        ca,
+        identity: match (args.etcd_cert, args.etcd_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            _ => None,
+        },
+        domain: None,
+    });
+    if let (Some(user), Some(path)) = (args.etcd_user, args.etcd_password_file) {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let password = text.trim_end_matches(['\n', '\r']);
+        anyhow::ensure!(!password.is_empty(), "--etcd-password-file {} is empty", path.display());
+        etcd.user = Some((user, Secret::new(password)));
+    }
+    let registry =
+        EtcdRegistry::connect(etcd).await.with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let scheme = if config.tls.is_some() { "https" } else { "http" };
