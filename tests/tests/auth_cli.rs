@@ -194,6 +194,14 @@ async fn control_plane_with_tokens_and_the_cli() {
             assert!(!cmdline.contains(secret), "{name}'s command line shows a secret: {cmdline}");
         }
     }
+    // Nor do their logs, although every one of those secrets crossed them.
+    for (name, log) in [("replica", replica.log()), ("node", _node.log())] {
+        for secret in [key_text.trim(), credential_text.trim(), "alice-token-0123456789", "ops-token-0123456789"] {
+            assert!(!log.contains(secret), "{name}'s log shows a secret");
+        }
+        // The replica credential the node received on every call is derived; none of it shows.
+        assert!(!log.contains("berth-replica.node-auth."), "{name}'s log shows a replica credential");
+    }
 }
 
 /// Issue 14: two real node-agent processes with the same id and credential (a copied
