@@ -104,7 +104,8 @@ impl Connection {
 /// `https://` endpoints are verified against `--ca-cert` when given.
 pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Connection> {
     let endpoint = global.endpoint.as_str();
-    let credentials = Credentials::new(global.token.as_ref().map(|token| token.expose()), global.act_as.as_deref())?;
+    let token = global.token()?;
+    let credentials = Credentials::new(token.as_ref().map(|token| token.expose()), global.act_as.as_deref())?;
     let uri = normalize_endpoint(endpoint);
     let mut target = Endpoint::from_shared(uri.clone())
         .map_err(|error| anyhow::anyhow!("invalid endpoint {endpoint:?}: {error}"))?

@@ -60,6 +60,8 @@ pub enum Command {
     ControlPlane(commands::server::ControlPlaneArgs),
     /// Run a node agent that hosts workspaces on this machine.
     NodeAgent(commands::server::NodeAgentArgs),
+    /// Make one node's own credential from the replicas' node credential key.
+    NodeCredential(commands::server::NodeCredentialArgs),
 }
 
 impl Command {
@@ -117,6 +119,7 @@ async fn dispatch(cli: Cli, io: &mut Io<'_>) -> anyhow::Result<i32> {
         Command::Up(args) => commands::server::up(args).await,
         Command::ControlPlane(args) => commands::server::control_plane(args).await,
         Command::NodeAgent(args) => commands::server::node_agent(args).await,
+        Command::NodeCredential(args) => commands::server::node_credential(args),
     }
 }
 
@@ -153,6 +156,34 @@ mod tests {
             Cli::try_parse_from(["berth", "--token", "very-secret-token", "--act-as", "alice", "ws", "list"]).unwrap();
         assert_eq!(cli.global.token.as_ref().map(|token| token.expose()), Some("very-secret-token"));
         assert!(!format!("{cli:?}").contains("very-secret-token"));
+    }
+
+    #[test]
+    fn the_token_comes_from_a_file_and_secret_flags_are_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "file-token-0123456789\n").unwrap();
+        let path = file.display().to_string();
+        let cli = Cli::try_parse_from(["berth", "--token-file", &path, "ws", "list"]).unwrap();
+        assert_eq!(cli.global.token().unwrap().unwrap().expose(), "file-token-0123456789");
+        std::fs::write(&file, "\n").unwrap();
+        assert!(cli.global.token().unwrap_err().to_string().contains("is empty"));
+
+        let warned = crate::global::secrets_on_the_command_line([
+            "--token=t",
+            "mcp",
+            "add",
+            "--secret-env",
+            "K=v",
+            "--secret-header",
+            "A=b",
+            "--token",
+            "t",
+        ]);
+        assert_eq!(warned.len(), 3, "{warned:?}");
+        assert!(warned[0].starts_with("--token ") && warned[0].contains("--token-file"), "{warned:?}");
+        assert!(warned.iter().all(|warning| !warning.contains("K=v")), "{warned:?}");
+        assert!(crate::global::secrets_on_the_command_line(["--token-file", "f", "exec", "--", "--token"]).is_empty());
     }
 
     #[test]

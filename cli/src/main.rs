@@ -17,6 +17,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in berth::global::secrets_on_the_command_line(std::env::args_os().skip(1)) {
+        let _ = writeln!(std::io::stderr(), "warning: {warning}");
+    }
     // ring is the one crypto provider of the tree (docs/dependencies.md); installed once, before
     // any TLS config is built. An error means one is installed already, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -30,9 +30,15 @@ const SPAN_EXPORT_DELAY: Duration = Duration::from_millis(500);
 /// Observability flags of `berth up`, `berth control-plane` and `berth node-agent`.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct TelemetryFlags {
-    /// Serve Prometheus metrics as text on http://ADDR/metrics (e.g. 0.0.0.0:9090).
-    #[arg(long, env = "BERTH_METRICS_LISTEN")]
+    /// Serve Prometheus metrics as text on http://ADDR/metrics; ADDR must be loopback
+    /// (e.g. 127.0.0.1:9100). For another address use --metrics-listen-network.
+    #[arg(long, env = "BERTH_METRICS_LISTEN", conflicts_with = "metrics_listen_network")]
     pub metrics_listen: Option<String>,
+    /// Serve the metrics on this non-loopback address (the private or pod network a
+    /// Prometheus scrapes from, e.g. 10.0.1.1:9100). `/metrics` is unauthenticated: name an
+    /// address only the scraper reaches.
+    #[arg(long, env = "BERTH_METRICS_LISTEN_NETWORK")]
+    pub metrics_listen_network: Option<String>,
     /// Export trace spans over OTLP/gRPC to this collector (e.g. http://127.0.0.1:4317).
     #[arg(long, env = "BERTH_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -81,17 +87,39 @@ pub fn flush_traces(provider: SdkTracerProvider) {
     }
 }
 
+impl TelemetryFlags {
+    /// Serves the metrics on `--metrics-listen` (loopback only) or
+    /// `--metrics-listen-network` until `shutdown`; `None` when neither is given.
+    pub async fn serve_metrics(&self, shutdown: CancellationToken) -> anyhow::Result<Option<SocketAddr>> {
+        match (&self.metrics_listen, &self.metrics_listen_network) {
+            (Some(listen), _) => serve_metrics(listen, false, shutdown).await.map(Some),
+            (None, Some(listen)) => serve_metrics(listen, true, shutdown).await.map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
 /// Installs the process's Prometheus recorder and serves it on `listen` until `shutdown`.
-/// Returns the bound address (`listen` may name port 0).
-pub async fn serve_metrics(listen: &str, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
+/// Returns the bound address (`listen` may name port 0). Without `beyond_loopback` an
+/// address that is not loopback is refused before anything is served.
+pub async fn serve_metrics(
+    listen: &str,
+    beyond_loopback: bool,
+    shutdown: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("metrics: listening on {listen}"))?;
+    let address = listener.local_addr()?;
+    anyhow::ensure!(
+        beyond_loopback || address.ip().is_loopback(),
+        "--metrics-listen {listen} is not a loopback address: /metrics is unauthenticated; name the network \
+         address a Prometheus scrapes from with --metrics-listen-network instead"
+    );
     let handle = PrometheusBuilder::new()
         .set_buckets(LATENCY_BUCKETS)
         .context("metric buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
-    let listener =
-        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("metrics: listening on {listen}"))?;
-    let address = listener.local_addr()?;
     // The recorder keeps histogram samples until upkeep folds them in; render() does too,
     // this only bounds memory between scrapes.
     let upkeep = handle.clone();
@@ -119,4 +147,19 @@ pub async fn serve_metrics(listen: &str, shutdown: CancellationToken) -> anyhow:
     });
     tracing::info!(%address, "metrics serving on /metrics");
     Ok(address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn metrics_stay_on_loopback_unless_a_network_address_is_named() {
+        // Refused before the recorder is installed: nothing is served.
+        let error = serve_metrics("0.0.0.0:0", false, CancellationToken::new()).await.unwrap_err().to_string();
+        assert!(error.contains("not a loopback address") && error.contains("--metrics-listen-network"), "{error}");
+        let flags = TelemetryFlags { metrics_listen: Some("0.0.0.0:0".into()), ..Default::default() };
+        assert!(flags.serve_metrics(CancellationToken::new()).await.is_err());
+        assert_eq!(TelemetryFlags::default().serve_metrics(CancellationToken::new()).await.unwrap(), None);
+    }
 }

@@ -120,7 +120,7 @@ pub fn require_backend(principal: &Principal, backend: &str) -> Result<(), Denie
         principal: principal.label(),
         what: format!(
             "use the unsandboxed backend {backend:?}: it runs commands as the node agent's user; an operator \
-             grants it with `backends = [\"{backend}\"]` on the token or the `berth_backends` JWT claim"
+             grants it with `backends = [\"{backend}\"]` on the token or the `berth/backends` JWT claim"
         ),
     })
 }

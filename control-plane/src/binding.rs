@@ -473,7 +473,7 @@ impl Binder {
             return;
         }
         let outcome = async {
-            let mut client = self.nodes.get(&node.address)?;
+            let mut client = self.nodes.get(&node.node_id, &node.address)?;
             let request = v1::SnapshotRequest { workspace_id: record.id.to_string() };
             let taken =
                 client.snapshot(node_request(request, record.generation, self.config.provision_timeout)).await?;
@@ -565,7 +565,7 @@ impl Binder {
         fresh: bool,
         restore: &Restore,
     ) -> Result<Provisioned> {
-        let mut client = self.nodes.get(address)?;
+        let mut client = self.nodes.get(node_id, address)?;
         let message = v1::ProvisionRequest {
             workspace_id: record.id.to_string(),
             generation,

@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use berth_proto::auth::Secret;
+use berth_proto::credentials::NodeCredentialKey;
 use berth_proto::tls::{ClientTls, TlsFiles};
 
-use crate::auth::AuthConfig;
+use crate::auth::{AuthConfig, NodeAuth};
 use crate::policy::IsolationPolicy;
 
 #[derive(Clone, Debug)]
@@ -41,9 +42,22 @@ pub struct ControlPlaneConfig {
     pub node_call_timeout: Duration,
     /// How public callers authenticate (`--auth`).
     pub auth: AuthConfig,
-    /// Shared secret replicas and node agents present to each other (`--node-secret-file`):
-    /// sent on every node call, required on node heartbeats. `None` only on loopback.
+    /// Key every node's own credential and the replica credentials are derived from
+    /// (`--node-credential-key-file`; `berth_proto::credentials`): a node registers only as
+    /// the id its credential names, and each node accepts only the replica credential made
+    /// for it. Needed beyond loopback.
+    pub node_credential_key: Option<NodeCredentialKey>,
+    /// The older shared secret of every replica and node (`--shared-node-secret-file`):
+    /// no per-node identity, so loopback only. Excludes `node_credential_key`.
     pub node_secret: Option<Secret>,
+    /// Serve plaintext beyond loopback (`--insecure-plaintext`): bearer tokens and node
+    /// credentials then cross the network readable. Without it a non-loopback listener
+    /// needs TLS.
+    pub insecure_plaintext: bool,
+    /// Accept the shared node secret beyond loopback (`--insecure-shared-node-secret`): a
+    /// migration aid for deployments not yet on per-node credentials; every holder of the
+    /// secret can then register as any node.
+    pub insecure_shared_node_secret: bool,
     /// Mutual TLS towards node agents with `https://` addresses.
     pub node_tls: Option<ClientTls>,
     /// TLS of the public listener.
@@ -96,6 +110,11 @@ impl ControlPlaneConfig {
         if let Some(secret) = &self.node_secret {
             secret.validate().map_err(|reason| format!("node secret: {reason}"))?;
         }
+        if self.node_secret.is_some() && self.node_credential_key.is_some() {
+            return Err("--shared-node-secret-file and --node-credential-key-file exclude each other: per-node \
+                        credentials replace the shared secret"
+                .into());
+        }
         if self.max_message_bytes < 64 * 1024 {
             return Err("max message size must be at least 64 KiB".into());
         }
@@ -125,7 +144,10 @@ impl ControlPlaneConfig {
             provision_timeout: Duration::from_secs(45),
             node_call_timeout: Duration::from_secs(30),
             auth: AuthConfig::None,
+            node_credential_key: None,
             node_secret: None,
+            insecure_plaintext: false,
+            insecure_shared_node_secret: false,
             node_tls: None,
             tls: None,
             max_message_bytes: 32 * 1024 * 1024,
@@ -140,8 +162,18 @@ impl ControlPlaneConfig {
         }
     }
 
-    /// Refuses configurations that would expose an unauthenticated listener: `--auth none`
-    /// and a replica without node credentials are for loopback only.
+    /// How node agents authenticate to this replica and it to them.
+    pub fn node_auth(&self) -> NodeAuth {
+        match (&self.node_credential_key, &self.node_secret) {
+            (Some(key), _) => NodeAuth::Keyed(key.clone()),
+            (None, Some(secret)) => NodeAuth::Shared(secret.clone()),
+            (None, None) => NodeAuth::Open,
+        }
+    }
+
+    /// Refuses configurations that would expose an unauthenticated or readable listener:
+    /// `--auth none`, a replica without per-node credentials, and plaintext (unless
+    /// `--insecure-plaintext` says so) are for loopback only.
     pub fn check_listener(&self, address: std::net::SocketAddr) -> Result<(), String> {
         if address.ip().is_loopback() {
             return Ok(());
@@ -152,10 +184,28 @@ impl ControlPlaneConfig {
                  anyone who can reach it could act as any user (use --auth token or --auth jwt)"
             ));
         }
-        if self.node_secret.is_none() {
+        match self.node_auth() {
+            NodeAuth::Keyed(_) => {}
+            NodeAuth::Open => {
+                return Err(format!(
+                    "a node credential key (--node-credential-key-file) is needed when listening on {address}: \
+                     without it anyone who can reach the replica could register a node and receive workspaces"
+                ));
+            }
+            NodeAuth::Shared(_) if self.insecure_shared_node_secret => {}
+            NodeAuth::Shared(_) => {
+                return Err(format!(
+                    "the shared node secret (--shared-node-secret-file) is for loopback development only, and \
+                     {address} is not loopback: every holder could register as any node; give each node its own \
+                     credential (--node-credential-key-file here, `berth node-credential` for each node), or \
+                     say --insecure-shared-node-secret while migrating"
+                ));
+            }
+        }
+        if self.tls.is_none() && !self.insecure_plaintext {
             return Err(format!(
-                "a node secret (--node-secret-file) is needed when listening on {address}: without it \
-                 anyone who can reach the replica could register a node and receive workspaces"
+                "listening on {address} without TLS would send bearer tokens and node credentials in the clear: \
+                 give --tls-cert/--tls-key, or say --insecure-plaintext if the network is protected otherwise"
             ));
         }
         Ok(())

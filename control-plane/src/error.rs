@@ -134,6 +134,18 @@ pub enum ControlPlaneError {
     #[error("node credentials missing or wrong")]
     NodeCredentials,
 
+    /// A node's credential names another node id than the one it registers as.
+    #[error("this node credential is node {authenticated}'s; it may not register or heartbeat as node {claimed}")]
+    NodeIdentityMismatch { authenticated: String, claimed: String },
+
+    /// Another process holds the node id: its record lives on a lease this registration
+    /// does not present. Retry once that lease has expired (at most the node lease TTL).
+    #[error(
+        "node id {node_id} is held by a live registration on another lease; a second process may not take it over \
+         (it frees up within the node lease ttl after its holder stops)"
+    )]
+    NodeIdInUse { node_id: String },
+
     /// A handler found no authenticated caller: the server was built without the auth layer.
     #[error("no authenticated caller on this request")]
     NoCaller,
@@ -246,6 +258,8 @@ impl From<ControlPlaneError> for Status {
             E::Auth(AuthError::MayNotActAs { .. }) => Status::permission_denied(message),
             E::Auth(AuthError::BadActAs(_)) => Status::invalid_argument(message),
             E::Auth(_) | E::NodeCredentials | E::NoCaller => Status::unauthenticated(message),
+            E::NodeIdentityMismatch { .. } => Status::permission_denied(message),
+            E::NodeIdInUse { .. } => Status::already_exists(message),
             E::Status(status) => status,
             E::ShuttingDown | E::ViewStale { .. } => mark_retryable(Status::unavailable(message)),
             E::SnapshotFenced { .. } => ErrorKind::StaleGeneration.attach(Status::failed_precondition(message)),

@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::AuthenticatedNode;
 use crate::config::ControlPlaneConfig;
 use crate::error::ControlPlaneError;
 use crate::keys::Keys;
@@ -68,6 +69,8 @@ impl NodeService for HeartbeatService {
         &self,
         request: Request<Streaming<NodeMessage>>,
     ) -> Result<Response<Self::HeartbeatStream>, Status> {
+        // Set by the auth layer: the node id the caller's credential proves, if any.
+        let authenticated = request.extensions().get::<AuthenticatedNode>().cloned();
         let mut inbound = request.into_inner();
         let register = match inbound.message().await? {
             Some(NodeMessage { msg: Some(NodeMsg::Register(register)) }) => register,
@@ -77,6 +80,14 @@ impl NodeService for HeartbeatService {
             }
         };
         validate_register(&register, self.keys.prefix())?;
+        if let Some(AuthenticatedNode::Node(node_id)) = authenticated
+            && node_id != register.node_id
+        {
+            tracing::warn!(target: crate::auth::layer::AUDIT_TARGET, authenticated = %node_id, claimed = %register.node_id, outcome = "PermissionDenied", "node registration under another node's id refused");
+            return Err(
+                ControlPlaneError::NodeIdentityMismatch { authenticated: node_id, claimed: register.node_id }.into()
+            );
+        }
         let held =
             v1::HeartbeatReport { seq: 0, load: None, workspaces: register.workspaces.clone(), snapshots: Vec::new() };
         let (mut session, lease_ttl) = NodeSession::register(self, register).await?;
@@ -148,6 +159,9 @@ struct NodeSession {
     config: ControlPlaneConfig,
     record: NodeRecord,
     lease: LeaseId,
+    /// Mod revision of this stream's last write of the node record: every write compares
+    /// it, so a second writer (a registration elsewhere) ends this stream, never interleaves.
+    written_revision: i64,
     last_write: Instant,
     tombstones: TombstoneCheck,
 }
@@ -219,10 +233,11 @@ impl NodeSession {
             config: service.config.clone(),
             record,
             lease,
+            written_revision: 0,
             last_write: Instant::now(),
             tombstones: TombstoneCheck::default(),
         };
-        session.write_record().await.map_err(registry_status)?;
+        session.claim_record().await?;
         tracing::info!(
             node_id = %session.record.node_id,
             lease = session.lease,
@@ -233,12 +248,45 @@ impl NodeSession {
         Ok((session, lease_ttl))
     }
 
-    async fn write_record(&mut self) -> crate::registry::Result<()> {
+    /// The first write of the record: only if no record exists or the existing one lives on
+    /// the lease this registration continues. A record on another lease belongs to a live
+    /// registration (the key goes with its lease), which a second process may not take over.
+    async fn claim_record(&mut self) -> Result<(), Status> {
+        let existing = self.registry.get(&self.key).await.map_err(registry_status)?;
+        let compare = match existing {
+            None => Compare::absent(&self.key),
+            Some(kv) if kv.lease == self.lease => Compare::mod_revision(&self.key, kv.mod_revision),
+            Some(_) => return Err(self.id_in_use()),
+        };
         self.record.last_heartbeat_ms = now_ms();
         let put = TxnOp::put_with_lease(&self.key, records::encode(&self.record), self.lease);
-        self.registry.txn(Txn::new().and_then([put])).await?;
+        let response = self.registry.txn(Txn::new().when([compare]).and_then([put])).await.map_err(registry_status)?;
+        if !response.succeeded {
+            return Err(self.id_in_use());
+        }
+        self.written_revision = response.revision;
         self.last_write = Instant::now();
         Ok(())
+    }
+
+    fn id_in_use(&self) -> Status {
+        tracing::warn!(node_id = %self.record.node_id, "registration refused: the node id is held on another lease");
+        ControlPlaneError::NodeIdInUse { node_id: self.record.node_id.clone() }.into()
+    }
+
+    /// Rewrites the record if this stream still is its last writer. `Ok(false)`: another
+    /// registration wrote it since, and this stream must end.
+    async fn write_record(&mut self) -> crate::registry::Result<bool> {
+        self.record.last_heartbeat_ms = now_ms();
+        let put = TxnOp::put_with_lease(&self.key, records::encode(&self.record), self.lease);
+        let compare = Compare::mod_revision(&self.key, self.written_revision);
+        let response = self.registry.txn(Txn::new().when([compare]).and_then([put])).await?;
+        if !response.succeeded {
+            return Ok(false);
+        }
+        self.written_revision = response.revision;
+        self.last_write = Instant::now();
+        Ok(true)
     }
 
     async fn serve(
@@ -293,10 +341,19 @@ impl NodeSession {
             // the next heartbeat; everything else at the refresh interval.
             let count_changed = report.workspaces.len() as u32 != self.record.load.workspaces;
             self.absorb(report.clone());
-            if (count_changed || self.last_write.elapsed() >= self.config.node_record_refresh())
-                && let Err(error) = self.write_record().await
-            {
-                tracing::warn!(node_id = %self.record.node_id, %error, "writing the node record failed");
+            if count_changed || self.last_write.elapsed() >= self.config.node_record_refresh() {
+                match self.write_record().await {
+                    Ok(true) => {}
+                    // Another registration of this node id wrote the record since: that
+                    // stream owns it now.
+                    Ok(false) => {
+                        tracing::warn!(node_id = %self.record.node_id, "node record written by another registration; ending this stream");
+                        return Err(ControlPlaneError::NodeIdInUse { node_id: self.record.node_id.clone() }.into());
+                    }
+                    Err(error) => {
+                        tracing::warn!(node_id = %self.record.node_id, %error, "writing the node record failed")
+                    }
+                }
             }
             let ack = ControlMsg::Ack(v1::HeartbeatAck { seq: report.seq, lease_ttl_ms: lease_ttl.as_millis() as u64 });
             if sender.send(Ok(ControlMessage { msg: Some(ack) })).await.is_err() {

@@ -2,14 +2,15 @@
 //! the node-only lifecycle service ([`NodeAgentClient`]) and the node's data plane (the
 //! public services, [`DataPlaneClient`]).
 //! Every call about a workspace carries the generation the replica expects the node to hold,
-//! and every call carries the node credential (`authorization: Bearer <node secret>`);
-//! `https://` node addresses are reached over mutual TLS with the cluster CA.
+//! and every call carries the replica credential made for that node (`authorization:
+//! Bearer …`, [`NodeAuth::outbound`]), which no other node accepts; `https://` node
+//! addresses are reached over (mutual) TLS with the cluster CA.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use berth_proto::auth::{BearerInterceptor, Secret};
+use berth_proto::auth::BearerInterceptor;
 use berth_proto::meta;
 use berth_proto::tls::ClientTls;
 use berth_proto::v1::contract_service_client::ContractServiceClient;
@@ -18,6 +19,7 @@ use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use crate::auth::NodeAuth;
 use crate::error::ControlPlaneError;
 
 pub type NodeChannel = InterceptedService<Channel, NodeInterceptor>;
@@ -49,39 +51,37 @@ impl tonic::service::Interceptor for NodeInterceptor {
     }
 }
 
-/// Channels to node agents keyed by address; a channel reconnects by itself.
+/// Channels to node agents keyed by node id and address, each with the credential made for
+/// that node; a channel reconnects by itself.
 pub struct NodeClients {
-    channels: Mutex<HashMap<String, Channel>>,
-    credential: NodeInterceptor,
+    channels: Mutex<HashMap<(String, String), (Channel, NodeInterceptor)>>,
+    auth: NodeAuth,
     tls: Option<ClientTlsConfig>,
 }
 
 impl NodeClients {
-    /// `secret` is sent on every call; `tls` is used for `https://` addresses.
-    pub fn new(secret: Option<Secret>, tls: Option<ClientTls>) -> Result<Self, String> {
+    /// `auth` says what each node call carries; `tls` is used for `https://` addresses.
+    pub fn new(auth: NodeAuth, tls: Option<ClientTls>) -> Result<Self, String> {
         let tls = tls.map(|tls| tls.config()).transpose().map_err(|error| format!("node tls: {error}"))?;
-        Ok(Self {
-            channels: Mutex::new(HashMap::new()),
-            credential: NodeInterceptor { credential: BearerInterceptor::new(secret.as_ref()) },
-            tls,
-        })
+        Ok(Self { channels: Mutex::new(HashMap::new()), auth, tls })
     }
 
     /// No credentials, no TLS (loopback tests).
     pub fn insecure() -> Self {
-        Self { channels: Mutex::new(HashMap::new()), credential: NodeInterceptor::default(), tls: None }
+        Self { channels: Mutex::new(HashMap::new()), auth: NodeAuth::Open, tls: None }
     }
 
-    /// A lifecycle client for the node at `address` (`http://host:port` or `https://host:port`).
-    pub fn get(&self, address: &str) -> Result<NodeAgentClient, ControlPlaneError> {
-        Ok(NodeAgentServiceClient::new(self.channel(address)?)
+    /// A lifecycle client for node `node_id` at `address` (`http://host:port` or
+    /// `https://host:port`).
+    pub fn get(&self, node_id: &str, address: &str) -> Result<NodeAgentClient, ControlPlaneError> {
+        Ok(NodeAgentServiceClient::new(self.channel(node_id, address)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 
-    /// Data-plane clients for the node at `address`, on the same channel as [`Self::get`].
-    pub fn data_plane(&self, address: &str) -> Result<DataPlaneClient, ControlPlaneError> {
-        let channel = self.channel(address)?;
+    /// Data-plane clients for node `node_id` at `address`, on the same channel as [`Self::get`].
+    pub fn data_plane(&self, node_id: &str, address: &str) -> Result<DataPlaneClient, ControlPlaneError> {
+        let channel = self.channel(node_id, address)?;
         Ok(DataPlaneClient {
             workspace: WorkspaceServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -92,10 +92,11 @@ impl NodeClients {
         })
     }
 
-    fn channel(&self, address: &str) -> Result<NodeChannel, ControlPlaneError> {
+    fn channel(&self, node_id: &str, address: &str) -> Result<NodeChannel, ControlPlaneError> {
         let mut channels = self.channels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(channel) = channels.get(address) {
-            return Ok(InterceptedService::new(channel.clone(), self.credential.clone()));
+        let entry = (node_id.to_owned(), address.to_owned());
+        if let Some((channel, credential)) = channels.get(&entry) {
+            return Ok(InterceptedService::new(channel.clone(), credential.clone()));
         }
         let bad_address = |reason: String| ControlPlaneError::BadNodeAddress { address: address.to_owned(), reason };
         let mut endpoint = Endpoint::from_shared(address.to_owned())
@@ -112,8 +113,9 @@ impl NodeClients {
             endpoint = endpoint.tls_config(tls).map_err(|error| bad_address(error.to_string()))?;
         }
         let channel = endpoint.connect_lazy();
-        channels.insert(address.to_owned(), channel.clone());
-        Ok(InterceptedService::new(channel, self.credential.clone()))
+        let credential = NodeInterceptor { credential: BearerInterceptor::new(self.auth.outbound(node_id).as_ref()) };
+        channels.insert(entry, (channel.clone(), credential.clone()));
+        Ok(InterceptedService::new(channel, credential))
     }
 }
 

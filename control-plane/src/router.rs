@@ -82,7 +82,7 @@ impl Router {
             .store
             .node(node_id)
             .ok_or_else(|| ControlPlaneError::Internal(format!("node {node_id} of a ready workspace is not live")))?;
-        let client = self.nodes.data_plane(&node.address)?;
+        let client = self.nodes.data_plane(&node.node_id, &node.address)?;
         Ok(Target { record, client })
     }
 

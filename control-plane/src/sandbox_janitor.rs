@@ -98,7 +98,7 @@ impl SandboxJanitor {
     async fn pass(&mut self) {
         let mut still_seen = BTreeSet::new();
         for (backend, (node_id, address)) in self.gateways() {
-            let Ok(mut client) = self.nodes.get(&address) else { continue };
+            let Ok(mut client) = self.nodes.get(&node_id, &address) else { continue };
             let request = node_request(v1::ListLabelledRequest { backend: backend.clone() }, 0, self.node_call_timeout);
             let sandboxes = match client.list_labelled(request).await {
                 Ok(response) => response.into_inner().sandboxes,

@@ -73,8 +73,7 @@ pub async fn serve(
     if let Authenticator::Tokens(store) = &authenticator {
         store.reload_on_sighup(tasks.clone());
     }
-    let nodes =
-        Arc::new(NodeClients::new(config.node_secret.clone(), config.node_tls.clone()).map_err(ServeError::Config)?);
+    let nodes = Arc::new(NodeClients::new(config.node_auth(), config.node_tls.clone()).map_err(ServeError::Config)?);
     // One store owns the workspace records, sessions and bind locks; the binder, the router,
     // the handlers and the sweeper get it (or what they need of it) injected.
     let store = Arc::new(WorkspaceStore::new(
@@ -160,7 +159,8 @@ pub async fn serve(
         registry = registry.name(),
         isolation = %config.isolation,
         auth = config.auth.name(),
-        node_secret = config.node_secret.is_some(),
+        node_auth = config.node_auth().name(),
+        insecure_plaintext = config.insecure_plaintext,
         node_mtls = config.node_tls.is_some(),
         tls = config.tls.is_some(),
         snapshots = %snapshots.describe(),
@@ -182,7 +182,7 @@ pub async fn serve(
                 |rpc| tracing::info_span!("grpc", rpc = %rpc, replica_id = %replica_id, ws_id = tracing::field::Empty),
             )
         })
-        .layer(AuthLayer::new(authenticator, config.node_secret.clone()))
+        .layer(AuthLayer::new(authenticator, config.node_auth()))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))

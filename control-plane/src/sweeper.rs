@@ -178,7 +178,7 @@ impl Sweeper {
         };
         if let Some(node) = record.node_id.as_deref().and_then(|node_id| store.node(node_id)) {
             let released = async {
-                let mut client = self.nodes.get(&node.address)?;
+                let mut client = self.nodes.get(&node.node_id, &node.address)?;
                 let request = v1::ReleaseRequest { workspace_id: record.id.to_string() };
                 let response = client.release(node_request(request, record.generation, self.node_call_timeout)).await?;
                 Ok::<_, tonic::Status>(response.into_inner())

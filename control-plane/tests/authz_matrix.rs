@@ -504,14 +504,78 @@ async fn explicit_ids_sharing_and_squatting() {
 async fn jwt_claims_make_admins_and_services() {
     let harness = support::start(Limits::default()).await;
     let fixture = setup(&harness).await;
-    let admin = Creds::jwt(&jwt("root", 300, serde_json::json!({ "admin": true })));
+    let admin = Creds::jwt(&jwt("root", 300, serde_json::json!({ "berth/admin": true })));
     harness.admin(admin.clone()).list_nodes(v1::ListNodesRequest {}).await.unwrap();
-    let service = Creds::jwt(&jwt("platform", 300, serde_json::json!({ "act_for_users": true }))).acting_as("alice");
+    let service =
+        Creds::jwt(&jwt("platform", 300, serde_json::json!({ "berth/act_for_users": true }))).acting_as("alice");
     harness.workspace(service).exec(exec_request(&fixture.workspace)).await.unwrap();
+    // Wrong issuer, wrong audience, none of either, too long a life, a bare legacy claim:
+    // each refused by the replica before any handler runs.
+    for (name, extra) in [
+        ("wrong issuer", serde_json::json!({ "iss": "someone-else" })),
+        ("wrong audience", serde_json::json!({ "aud": "another-service" })),
+        ("no issuer", serde_json::json!({ "iss": null })),
+        ("no audience", serde_json::json!({ "aud": null })),
+        ("legacy admin claim", serde_json::json!({ "admin": true })),
+    ] {
+        let refused =
+            harness.admin(Creds::jwt(&jwt("root", 300, extra))).list_nodes(v1::ListNodesRequest {}).await.unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated, "{name}: {refused:?}");
+    }
+    let refused = harness
+        .workspace(Creds::jwt(&jwt("alice", 3 * 24 * 3600, serde_json::json!({}))))
+        .list_workspaces(v1::ListWorkspacesRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("--jwt-max-lifetime"), "{refused:?}");
     let user_acting = Creds::jwt(&jwt("eve", 300, serde_json::json!({}))).acting_as("alice");
     let refused = harness.workspace(user_acting).exec(exec_request(&fixture.workspace)).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied);
     // Health stays open for probes.
     let mut health = tonic_health::pb::health_client::HealthClient::new(support::channel(&harness.token_endpoint));
     health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap();
+}
+
+/// Issue 14: a workspace's spec env (credentials the owner hands its agent) is readable by
+/// its owner and admins only; a user it is shared with sees the names, not the values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_env_values_are_shown_to_the_owner_and_admins_only() {
+    let harness = support::start(Limits::default()).await;
+    let mut alice = harness.workspace(Creds::token(ALICE));
+    let spec = v1::WorkspaceSpec {
+        env: [("API_KEY".to_owned(), "alice-secret-value-0123".to_owned())].into_iter().collect(),
+        ..Default::default()
+    };
+    let session = alice
+        .create_session(v1::CreateSessionRequest { agent_id: "env".into(), spec: Some(spec), ..Default::default() })
+        .await
+        .expect("alice's session")
+        .into_inner();
+    let workspace_id = session.workspace_id;
+    let shared = alice
+        .share_workspace(v1::ShareWorkspaceRequest { workspace_id: workspace_id.clone(), user_id: "carol".into() })
+        .await
+        .expect("share")
+        .into_inner();
+    assert_eq!(shared.spec.expect("spec").env["API_KEY"], "alice-secret-value-0123", "the owner's own answer");
+    let env_seen_by = |creds: Creds| {
+        let mut client = harness.workspace(creds);
+        let workspace_id = workspace_id.clone();
+        async move {
+            let got = client.get_workspace(v1::GetWorkspaceRequest { workspace_id: workspace_id.clone() }).await;
+            let got = got.expect("get").into_inner().spec.expect("spec").env;
+            let listed = client.list_workspaces(v1::ListWorkspacesRequest::default()).await.expect("list").into_inner();
+            let listed = listed.workspaces.into_iter().find(|workspace| workspace.workspace_id == workspace_id);
+            (got, listed.expect("listed").spec.expect("spec").env)
+        }
+    };
+    for (who, creds) in [("owner", Creds::token(ALICE)), ("admin", Creds::token(OPS))] {
+        let (got, listed) = env_seen_by(creds).await;
+        assert_eq!(got["API_KEY"], "alice-secret-value-0123", "{who}: get");
+        assert_eq!(listed["API_KEY"], "alice-secret-value-0123", "{who}: list");
+    }
+    let (got, listed) = env_seen_by(Creds::token(CAROL)).await;
+    assert_eq!(got["API_KEY"], "<redacted>", "shared user: get");
+    assert_eq!(listed["API_KEY"], "<redacted>", "shared user: list");
 }

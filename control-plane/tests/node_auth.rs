@@ -170,15 +170,27 @@ async fn mutual_tls_between_replica_and_node() {
             std::fs::read(dir.join("replica.key")).unwrap(),
         )
     };
+    // A node's own certificate is for serving only (no clientAuth): it is no client
+    // certificate for another node (issue 14).
+    let node_identity = Identity::from_pem(
+        std::fs::read(certs.join("node-tls.pem")).unwrap(),
+        std::fs::read(certs.join("node-tls.key")).unwrap(),
+    );
     let attempts = [
         ("no client certificate", ClientTlsConfig::new().ca_certificate(ca.clone())),
         ("certificate of another CA", ClientTlsConfig::new().ca_certificate(ca.clone()).identity(identity(&other_ca))),
+        ("a node's certificate", ClientTlsConfig::new().ca_certificate(ca.clone()).identity(node_identity)),
     ];
     for (name, tls) in attempts {
         let channel = Endpoint::from_shared(url.clone()).unwrap().tls_config(tls).unwrap().connect_lazy();
         let mut node = NodeAgentServiceClient::with_interceptor(channel, BearerInterceptor::new(Some(&secret)));
         let refused = node.list_local(v1::ListLocalRequest {}).await.unwrap_err();
         assert_ne!(refused.code(), Code::Ok, "{name}");
+        assert_ne!(
+            refused.code(),
+            Code::Unauthenticated,
+            "{name}: refused by TLS, not by the bearer check: {refused:?}"
+        );
     }
     // The right certificate without the secret still fails: both are required when set.
     let tls = ClientTlsConfig::new().ca_certificate(ca).identity(identity(&certs));
@@ -233,4 +245,194 @@ async fn public_listener_serves_tls() {
         "http://{address}"
     )));
     assert!(plain.list_workspaces(v1::ListWorkspacesRequest::default()).await.is_err());
+}
+
+fn register_message(node_id: &str) -> v1::NodeMessage {
+    v1::NodeMessage {
+        msg: Some(v1::node_message::Msg::Register(v1::Register {
+            node_id: node_id.into(),
+            address: "http://127.0.0.1:1".into(),
+            backends: vec!["local".into()],
+            ..Default::default()
+        })),
+    }
+}
+
+/// What a registration with `credential` as `node_id` gets: the first answer or the error.
+async fn try_register(endpoint: &str, credential: &Secret, node_id: &str) -> Result<v1::ControlMessage, tonic::Status> {
+    let mut client =
+        NodeServiceClient::with_interceptor(support::channel(endpoint), BearerInterceptor::new(Some(credential)));
+    // The stream stays open (a pending second message) so a successful registration is
+    // answered rather than ended.
+    use futures::StreamExt;
+    let messages = futures::stream::iter(vec![register_message(node_id)]).chain(futures::stream::pending());
+    let mut answers = client.heartbeat(messages).await?.into_inner();
+    match answers.message().await? {
+        Some(answer) => Ok(answer),
+        None => Err(tonic::Status::aborted("stream ended without an answer")),
+    }
+}
+
+/// Per-node credentials (issue 14): a node proves its own id and no other; a live node's id
+/// cannot be taken over; each node accepts only the replica credential made for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_hold_their_own_credentials_and_only_those() {
+    use berth_proto::credentials::NodeCredentialKey;
+
+    let dir = tempfile::tempdir().unwrap();
+    let key = NodeCredentialKey::random();
+    let registry: berth_control_plane::RegistryRef = EmbeddedRegistry::new();
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    let replica_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let replica_endpoint = format!("http://{}", replica_listener.local_addr().unwrap());
+    let mut replica = ControlPlaneConfig::new("replica-keyed");
+    replica.node_credential_key = Some(key.clone());
+    tokio::spawn(berth_control_plane::serve(replica_listener, replica, Arc::clone(&registry), cancel.clone()));
+
+    let mut endpoints = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        endpoints.push(format!("http://{}", listener.local_addr().unwrap()));
+        let mut node = berth_node_agent::NodeAgentConfig::new(id, dir.path().join(id));
+        node.control_planes = vec![replica_endpoint.clone()];
+        node.node_credential = Some(key.node_credential(id));
+        node.allow_unsandboxed = true;
+        tokio::spawn(berth_node_agent::serve(listener, node, cancel.clone()));
+    }
+    let admin = berth_proto::v1::admin_service_client::AdminServiceClient::with_interceptor(
+        support::channel(&replica_endpoint),
+        Creds::none(),
+    );
+    berth_testkit::assert_eventually("both nodes registered", Duration::from_secs(30), || {
+        let mut admin = admin.clone();
+        async move {
+            admin
+                .list_nodes(v1::ListNodesRequest::default())
+                .await
+                .is_ok_and(|nodes| nodes.into_inner().nodes.len() == 2)
+        }
+    })
+    .await;
+    // Through the replica, a session runs on one of them: replica credentials work.
+    let mut client = WorkspaceServiceClient::with_interceptor(support::channel(&replica_endpoint), Creds::none());
+    let session = client
+        .create_session(v1::CreateSessionRequest {
+            user_id: "alice".into(),
+            agent_id: "keyed".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("a session through per-node credentials")
+        .into_inner();
+    let ran = client
+        .exec(v1::ExecRequest {
+            workspace_id: session.workspace_id,
+            argv: vec!["echo".into(), "ok".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ran.stdout, b"ok\n");
+
+    let a = key.node_credential("node-a");
+    // Node A's credential registering as node B: refused, typed.
+    let refused = try_register(&replica_endpoint, a.secret(), "node-b").await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("node node-a's") && refused.message().contains("node-b"), "{refused:?}");
+    // …or as a fresh id it has no credential for.
+    let refused = try_register(&replica_endpoint, a.secret(), "node-c").await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // A second process with node A's own credential cannot take over the live node A.
+    let taken = try_register(&replica_endpoint, a.secret(), "node-a").await.unwrap_err();
+    assert_eq!(taken.code(), Code::AlreadyExists, "{taken:?}");
+    assert!(taken.message().contains("node id node-a is held"), "{taken:?}");
+    // A replica credential is no node credential.
+    let replica_credential = key.replica_credential("node-a");
+    let refused = try_register(&replica_endpoint, &replica_credential, "node-a").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    // A credential from another key proves nothing.
+    let foreign = NodeCredentialKey::random().node_credential("node-c");
+    let refused = try_register(&replica_endpoint, foreign.secret(), "node-c").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+
+    // Node agents: B accepts only the replica credential made for B — not A's node
+    // credential, not the replica credential A receives, not B's own node credential.
+    let node_b = &endpoints[1];
+    let b = key.node_credential("node-b");
+    for (name, credential) in [
+        ("node A's credential", a.secret().clone()),
+        ("the replica credential for node A", key.replica_credential("node-a")),
+        ("node B's own node credential", b.secret().clone()),
+    ] {
+        let mut node = node_client(node_b, Some(&credential));
+        let refused = node.list_local(v1::ListLocalRequest {}).await.unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated, "{name}: {refused:?}");
+        let mut data_plane = WorkspaceServiceClient::with_interceptor(
+            support::channel(node_b),
+            BearerInterceptor::new(Some(&credential)),
+        );
+        let refused = data_plane
+            .exec(v1::ExecRequest { workspace_id: "ws-x".into(), argv: vec!["id".into()], ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated, "{name}: exec: {refused:?}");
+    }
+    let mut node = node_client(node_b, Some(&key.replica_credential("node-b")));
+    node.list_local(v1::ListLocalRequest {}).await.expect("the replica credential for node B");
+}
+
+#[test]
+fn dev_certificate_script_makes_the_credentials_replicas_derive() {
+    use berth_proto::credentials::{NodeCredential, NodeCredentialKey};
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), "node-7");
+    let key = NodeCredentialKey::from_file(&dir.path().join("node-credential.key")).unwrap();
+    let made = NodeCredential::from_file(&dir.path().join("node-7.credential"), "node-7").unwrap();
+    assert_eq!(made.secret(), key.node_credential("node-7").secret());
+    assert_eq!(key.verify_node(made.secret().expose()).as_deref(), Some("node-7"));
+}
+
+#[tokio::test]
+async fn beyond_loopback_nodes_need_their_own_credential_and_tls() {
+    use berth_proto::credentials::NodeCredentialKey;
+    let dir = tempfile::tempdir().unwrap();
+    let key = NodeCredentialKey::random();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, "[[token]]\nsecret = \"ops-token-0123456789\"\nadmin = true\nname = \"ops\"\n").unwrap();
+    let serve_replica = |config: ControlPlaneConfig| async move {
+        let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+        berth_control_plane::serve(listener, config, EmbeddedRegistry::new(), CancellationToken::new())
+            .await
+            .unwrap_err()
+            .to_string()
+    };
+    let mut replica = ControlPlaneConfig::new("replica-wide");
+    replica.auth = AuthConfig::Tokens { file: tokens.clone() };
+    replica.node_secret = Some(Secret::random());
+    let error = serve_replica(replica.clone()).await;
+    assert!(error.contains("--shared-node-secret-file) is for loopback development only"), "{error}");
+    replica.node_secret = None;
+    replica.node_credential_key = Some(key.clone());
+    let error = serve_replica(replica.clone()).await;
+    assert!(error.contains("without TLS") && error.contains("--insecure-plaintext"), "{error}");
+
+    let serve_node = |config: berth_node_agent::NodeAgentConfig| async move {
+        let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+        berth_node_agent::serve(listener, config, CancellationToken::new()).await.unwrap_err().to_string()
+    };
+    let mut node = berth_node_agent::NodeAgentConfig::new("node-wide", dir.path().join("node"));
+    node.control_planes = vec!["http://127.0.0.1:1".into()];
+    node.allow_unsandboxed = true;
+    node.node_secret = Some(Secret::random());
+    let error = serve_node(node.clone()).await;
+    assert!(error.contains("loopback development only"), "{error}");
+    node.node_secret = None;
+    node.node_credential = Some(key.node_credential("node-other"));
+    let error = serve_node(node.clone()).await;
+    assert!(error.contains("node \"node-other\"'s"), "{error}");
+    node.node_credential = Some(key.node_credential("node-wide"));
+    let error = serve_node(node.clone()).await;
+    assert!(error.contains("without TLS") && error.contains("--insecure-plaintext"), "{error}");
 }

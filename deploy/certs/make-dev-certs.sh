@@ -1,24 +1,41 @@
 #!/usr/bin/env bash
-# Makes a development PKI for Berth with the openssl CLI (P-256 keys, 1 year):
-#   ca.pem / ca.key            the cluster CA
-#   replica.pem / replica.key  client certificate replicas present to node agents (mTLS)
-#   <node>.pem / <node>.key    server certificate per node agent (SAN: the name, localhost,
-#                              127.0.0.1), also usable for a replica's public --tls-cert
+# Makes a development PKI and node credentials for Berth with the openssl CLI (P-256 keys,
+# 1 year):
+#   ca.pem / ca.key              the cluster CA
+#   <replica>.pem / .key         per replica (REPLICAS, default "replica"): serverAuth for its
+#                                public --tls-cert and clientAuth for mutual TLS towards
+#                                node agents; SAN the name, localhost, 127.0.0.1
+#   <node>.pem / .key            per node agent: serverAuth only (so a node's certificate is
+#                                no client certificate for another node); SAN the node id,
+#                                localhost, 127.0.0.1
+#   node-credential.key          the replicas' node credential key (kept if present)
+#   <node>.credential            that node's own credential, derived from the key exactly as
+#                                `berth node-credential --key-file node-credential.key
+#                                --node-id <node>` does
 #
-# Usage: deploy/certs/make-dev-certs.sh OUT_DIR [NODE_NAME...]   (default node name: node)
+# Usage: [REPLICAS="replica1 replica2"] deploy/certs/make-dev-certs.sh OUT_DIR [NODE_ID...]
+#        (default node id: node)
 #
-#   berth node-agent --tls-cert OUT/node.pem --tls-key OUT/node.key --client-ca-cert OUT/ca.pem ...
-#   berth control-plane --node-ca-cert OUT/ca.pem \
+#   berth control-plane --tls-cert OUT/replica.pem --tls-key OUT/replica.key \
+#       --node-credential-key-file OUT/node-credential.key --node-ca-cert OUT/ca.pem \
 #       --node-client-cert OUT/replica.pem --node-client-key OUT/replica.key ...
+#   berth node-agent --node-id node --node-credential-file OUT/node.credential \
+#       --tls-cert OUT/node.pem --tls-key OUT/node.key --client-ca-cert OUT/ca.pem \
+#       --control-plane-ca-cert OUT/ca.pem ...
 #
-# Development only: the CA key sits next to the certificates, unencrypted.
+# Give each node only its own <node>.credential, <node>.key, <node>.pem and ca.pem; the
+# key, ca.key and the replicas' keys stay with the replicas (ca.key with nobody).
+# Development only: the CA key sits next to the certificates, unencrypted, and the node
+# credential key passes through openssl's command line while the credentials are made.
 set -euo pipefail
-out=${1:?usage: make-dev-certs.sh OUT_DIR [NODE_NAME...]}
+out=${1:?usage: make-dev-certs.sh OUT_DIR [NODE_ID...]}
 shift
 nodes=("$@")
 [ ${#nodes[@]} -gt 0 ] || nodes=(node)
+read -r -a replicas <<<"${REPLICAS:-replica}"
 mkdir -p "$out"
 cd "$out"
+umask 077
 
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
 
@@ -37,9 +54,22 @@ issue() {
   rm -f "$name.csr" "$name.ext"
 }
 
-issue replica "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\nsubjectAltName=DNS:replica"
+for replica in "${replicas[@]}"; do
+  issue "$replica" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:$replica,DNS:localhost,IP:127.0.0.1"
+done
 for node in "${nodes[@]}"; do
-  issue "$node" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:$node,DNS:localhost,IP:127.0.0.1"
+  issue "$node" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:$node,DNS:localhost,IP:127.0.0.1"
 done
 rm -f ca.srl
-echo "dev certificates in $(pwd): ca.pem replica.pem ${nodes[*]/%/.pem}"
+
+# The node credential key (64 hex digits) and each node's credential:
+# berth-node.<id>.<hex HMAC-SHA256(key, "berth-node/v1/<id>")>.
+[ -s node-credential.key ] || openssl rand -hex 32 >node-credential.key
+credential_key=$(tr -d '[:space:]' <node-credential.key)
+for node in "${nodes[@]}"; do
+  mac=$(printf '%s' "berth-node/v1/$node" | openssl dgst -sha256 -hmac "$credential_key" | awk '{print $NF}')
+  printf 'berth-node.%s.%s\n' "$node" "$mac" >"$node.credential"
+done
+# Readable by the test and compose users that mount them; keys stay private to the owner.
+chmod 0644 ca.pem ./*.pem
+echo "dev certificates in $(pwd): ca.pem ${replicas[*]/%/.pem} ${nodes[*]/%/.pem}; node-credential.key ${nodes[*]/%/.credential}"

@@ -1,9 +1,11 @@
 //! Only the control plane may call a node agent (docs/design.md §5).
 //!
-//! Two mechanisms, usable together: a shared secret every replica sends as
-//! `authorization: Bearer <secret>` (checked here, in constant time, on every call but the
-//! health service), and mutual TLS (the TLS acceptor refuses a client without a certificate
-//! signed by the cluster CA before any request is read; see `server.rs`).
+//! Two mechanisms, usable together: a bearer credential on every call but the health
+//! service (checked here, in constant time) — the replica credential made for this node
+//! (`berth_proto::credentials`; no other node's credential and no credential a node holds
+//! passes), or on loopback the older shared secret — and mutual TLS (the TLS acceptor
+//! refuses a client without a certificate signed by the cluster CA for client use before
+//! any request is read; see `server.rs`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,14 +17,16 @@ use http::{Request, Response};
 use tonic::body::Body;
 use tower::{Layer, Service};
 
-/// Requires the node secret on every call except `grpc.health.v1.Health/*`.
+/// Requires the replica credential on every call except `grpc.health.v1.Health/*`.
 #[derive(Clone)]
 pub struct NodeAuthLayer {
     secret: Option<Arc<Secret>>,
 }
 
 impl NodeAuthLayer {
-    /// `None` accepts every caller (loopback-only deployments; checked at start).
+    /// `None` accepts every caller (loopback-only deployments; checked at start). The value
+    /// is what callers must present: the replica credential for this node, or the shared
+    /// secret.
     pub fn new(secret: Option<Secret>) -> Self {
         Self { secret: secret.map(Arc::new) }
     }

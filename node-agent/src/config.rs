@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use berth_proto::auth::Secret;
+use berth_proto::credentials::NodeCredential;
 use berth_proto::tls::{ClientTls, TlsFiles};
 
 pub use berth_backend_bubblewrap::{BubblewrapConfig, CgroupPolicy, UidRange};
@@ -39,9 +40,20 @@ pub struct NodeAgentConfig {
     /// MCP, skills and tree settings (client pool cap and idle timeout, `.mcp` defaults,
     /// archive limits, seed skills).
     pub contract: crate::contract::ContractConfig,
-    /// Shared secret of the control plane (`--node-secret-file`): required on every call
-    /// to this agent and sent on heartbeats. `None` only on a loopback listener.
+    /// This node's own credential (`--node-credential-file`, made from the replicas' node
+    /// credential key): sent on heartbeats, and it gives the one replica credential this
+    /// agent accepts. Needed beyond loopback.
+    pub node_credential: Option<NodeCredential>,
+    /// The older shared secret of every replica and node (`--shared-node-secret-file`):
+    /// required on every call and sent on heartbeats; loopback only. Excludes
+    /// `node_credential`.
     pub node_secret: Option<Secret>,
+    /// Serve plaintext beyond loopback (`--insecure-plaintext`); without it a non-loopback
+    /// listener needs `tls`.
+    pub insecure_plaintext: bool,
+    /// Accept the shared node secret beyond loopback (`--insecure-shared-node-secret`): a
+    /// migration aid; every holder of the secret can then call this agent.
+    pub insecure_shared_node_secret: bool,
     /// Serve over TLS with this identity…
     pub tls: Option<TlsFiles>,
     /// …and require client certificates signed by this CA (mutual TLS).
@@ -99,7 +111,10 @@ impl NodeAgentConfig {
             debug_destroy_delay: Duration::ZERO,
             quarantine_retention: Duration::from_secs(7 * 24 * 3600),
             contract: crate::contract::ContractConfig::default(),
+            node_credential: None,
             node_secret: None,
+            insecure_plaintext: false,
+            insecure_shared_node_secret: false,
             tls: None,
             client_ca: None,
             control_plane_tls: None,
@@ -140,6 +155,19 @@ impl NodeAgentConfig {
         }
         if let Some(secret) = &self.node_secret {
             secret.validate().map_err(|reason| format!("node secret: {reason}"))?;
+        }
+        match (&self.node_credential, &self.node_secret) {
+            (Some(_), Some(_)) => {
+                return Err("--node-credential-file and --shared-node-secret-file exclude each other".into());
+            }
+            (Some(credential), None) if credential.node_id() != self.node_id => {
+                return Err(format!(
+                    "the node credential is node {:?}'s, this node is {:?}",
+                    credential.node_id(),
+                    self.node_id
+                ));
+            }
+            _ => {}
         }
         if self.client_ca.is_some() && self.tls.is_none() {
             return Err("a client CA (mutual TLS) needs the node's own certificate and key too".into());
@@ -196,15 +224,33 @@ impl NodeAgentConfig {
         Ok(())
     }
 
-    /// A node agent must know its callers unless it listens on loopback only.
+    /// Beyond loopback a node agent needs its own credential (the shared secret would let
+    /// every holder call it and register as it) and TLS (unless `--insecure-plaintext`).
     pub fn check_listener(&self, address: std::net::SocketAddr) -> Result<(), String> {
-        if address.ip().is_loopback() || self.node_secret.is_some() || self.client_ca.is_some() {
+        if address.ip().is_loopback() {
             return Ok(());
         }
-        Err(format!(
-            "node agent on {address} without credentials: anyone who reaches it could run commands in \
-             every workspace; use --node-secret-file and/or --tls-cert/--tls-key/--client-ca-cert"
-        ))
+        let migrating = self.node_secret.is_some() && self.insecure_shared_node_secret;
+        if self.node_credential.is_none() && !migrating {
+            let why = if self.node_secret.is_some() {
+                "the shared node secret (--shared-node-secret-file) is for loopback development only: every holder \
+                 could call this agent and register as it"
+            } else {
+                "without credentials anyone who reaches it could run commands in every workspace"
+            };
+            return Err(format!(
+                "node agent on {address}: {why}; give it its own credential (--node-credential-file, made with \
+                 `berth node-credential`){}",
+                if self.node_secret.is_some() { ", or say --insecure-shared-node-secret while migrating" } else { "" }
+            ));
+        }
+        if self.tls.is_none() && !self.insecure_plaintext {
+            return Err(format!(
+                "node agent on {address} without TLS would send its credential and workspace traffic in the clear: \
+                 give --tls-cert/--tls-key, or say --insecure-plaintext if the network is protected otherwise"
+            ));
+        }
+        Ok(())
     }
 
     /// Network policy of this node's sandboxes; namespace state lives under the data dir
@@ -214,6 +260,23 @@ impl NodeAgentConfig {
             allow: self.sandbox_allow_cidrs.clone(),
             state_dir: self.data_dir.join("netns"),
             ..Default::default()
+        }
+    }
+
+    /// What replicas must present on every call: the replica credential made for this node,
+    /// or the shared secret; `None` accepts anyone (loopback only).
+    pub fn expected_caller(&self) -> Option<Secret> {
+        match &self.node_credential {
+            Some(credential) => Some(credential.replica_credential()),
+            None => self.node_secret.clone(),
+        }
+    }
+
+    /// What heartbeats carry: this node's own credential, or the shared secret.
+    pub fn heartbeat_credential(&self) -> Option<&Secret> {
+        match &self.node_credential {
+            Some(credential) => Some(credential.secret()),
+            None => self.node_secret.as_ref(),
         }
     }
 

@@ -154,8 +154,9 @@ impl Heartbeater {
             target = target.tls_config(tls.config()?).map_err(|error| format!("tls: {error}"))?;
         }
         let channel = target.connect().await.map_err(|error| format!("connect: {error}"))?;
-        // The replica refuses a heartbeat without the node credential when it has one.
-        let credential = BearerInterceptor::new(self.config.node_secret.as_ref());
+        // The replica refuses a heartbeat without a node credential, and one that names
+        // another node than the registration.
+        let credential = BearerInterceptor::new(self.config.heartbeat_credential());
         let mut client = NodeServiceClient::with_interceptor(channel, credential);
         let (outbound, receiver) = mpsc::channel(8);
         let (lease_id, node_generation) = {

@@ -110,7 +110,9 @@ pub async fn serve(
         node_id = %config.node_id,
         address = %config.advertise_address,
         backends = ?config.backends,
-        node_secret = config.node_secret.is_some(),
+        node_credential = config.node_credential.is_some(),
+        shared_node_secret = config.node_secret.is_some(),
+        insecure_plaintext = config.insecure_plaintext,
         mtls = config.client_ca.is_some(),
         "node agent serving"
     );
@@ -129,7 +131,7 @@ pub async fn serve(
                 |rpc| tracing::info_span!("grpc", rpc = %rpc, node_id = %node_id, ws_id = tracing::field::Empty),
             )
         })
-        .layer(NodeAuthLayer::new(config.node_secret.clone()))
+        .layer(NodeAuthLayer::new(config.expected_caller()))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))

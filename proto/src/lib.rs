@@ -13,6 +13,7 @@ pub mod auth;
 pub mod backends;
 pub mod contract;
 pub mod convert;
+pub mod credentials;
 pub mod meta;
 pub mod routed;
 pub mod tls;

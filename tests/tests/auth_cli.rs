@@ -1,5 +1,6 @@
-//! Cross-process: `berth control-plane --auth token` on a real etcd, a `berth node-agent`
-//! sharing its node secret, and the `berth` CLI with `--token` / `--act-as`.
+//! Cross-process: `berth control-plane --auth token` on a real etcd, `berth node-agent`s
+//! with their own credentials (`berth node-credential`), and the `berth` CLI with
+//! `--token` / `--act-as`.
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -33,6 +34,27 @@ fn cli(endpoint: &str, token: Option<&str>, args: &[&str]) -> Output {
     command.output().expect("run the berth cli")
 }
 
+/// Writes a node credential key into `dir` and, with `berth node-credential`, the
+/// credential of each node id; returns the key's path and the credentials' paths.
+fn node_credentials(dir: &std::path::Path, node_ids: &[&str]) -> (String, Vec<String>) {
+    let key = dir.join("node-credential.key");
+    std::fs::write(&key, format!("{:032x}{:032x}\n", rand::random::<u128>(), rand::random::<u128>())).unwrap();
+    let key = key.display().to_string();
+    let credentials = node_ids
+        .iter()
+        .map(|node_id| {
+            let out = dir.join(format!("{node_id}.credential")).display().to_string();
+            let made = Command::new(berth_binary())
+                .args(["node-credential", "--key-file", &key, "--node-id", node_id, "--out", &out])
+                .output()
+                .expect("run berth node-credential");
+            assert!(made.status.success(), "berth node-credential: {}", text(&made.stderr));
+            out
+        })
+        .collect();
+    (key, credentials)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -43,8 +65,7 @@ async fn control_plane_with_tokens_and_the_cli() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.toml");
     std::fs::write(&tokens, TOKENS).unwrap();
-    let secret = dir.path().join("node.secret");
-    std::fs::write(&secret, format!("{:032x}\n", rand::random::<u128>())).unwrap();
+    let (key, credentials) = node_credentials(dir.path(), &["node-auth"]);
     let prefix = format!("/berth-auth-{:016x}", rand::random::<u64>());
     let replica = BerthProcess::start(
         "replica-auth",
@@ -60,8 +81,8 @@ async fn control_plane_with_tokens_and_the_cli() {
             "token",
             "--tokens-file",
             &tokens.display().to_string(),
-            "--node-secret-file",
-            &secret.display().to_string(),
+            "--node-credential-key-file",
+            &key,
         ]
         .map(str::to_owned)
         .to_vec(),
@@ -80,8 +101,8 @@ async fn control_plane_with_tokens_and_the_cli() {
             "--node-id",
             "node-auth",
             "--allow-unsandboxed",
-            "--node-secret-file",
-            &secret.display().to_string(),
+            "--node-credential-file",
+            &credentials[0],
         ]
         .map(str::to_owned)
         .to_vec(),
@@ -148,4 +169,101 @@ async fn control_plane_with_tokens_and_the_cli() {
     .await;
     assert!(reloaded, "the admin token added to the file was never accepted; log:\n{}", replica.log());
     assert!(replica.log().contains("berth::audit"), "no audit lines in the replica log");
+
+    // The token from a file: nothing secret on the CLI's command line, and no warning.
+    let token_file = dir.path().join("alice.token");
+    std::fs::write(&token_file, "alice-token-0123456789\n").unwrap();
+    let from_file = cli(&endpoint, None, &["--token-file", &token_file.display().to_string(), "ws", "list"]);
+    assert!(from_file.status.success(), "--token-file: {}", text(&from_file.stderr));
+    assert!(!text(&from_file.stderr).contains("warning"), "{}", text(&from_file.stderr));
+    // A token on the command line still works, with a warning naming the safe ways.
+    let on_argv = cli(&endpoint, None, &["--token", "alice-token-0123456789", "ws", "list"]);
+    assert!(on_argv.status.success(), "--token: {}", text(&on_argv.stderr));
+    assert!(
+        text(&on_argv.stderr).contains("warning: --token puts a secret on the command line"),
+        "{}",
+        text(&on_argv.stderr)
+    );
+    // What `ps` shows of the running servers holds no secret: every one came from a file.
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    let credential_text = std::fs::read_to_string(&credentials[0]).unwrap();
+    for (name, pid) in [("replica", replica.pid()), ("node", _node.pid())] {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        for secret in [key_text.trim(), credential_text.trim(), "alice-token-0123456789", "ops-token-0123456789"] {
+            assert!(!cmdline.contains(secret), "{name}'s command line shows a secret: {cmdline}");
+        }
+    }
+    // Nor do their logs, although every one of those secrets crossed them.
+    for (name, log) in [("replica", replica.log()), ("node", _node.log())] {
+        for secret in [key_text.trim(), credential_text.trim(), "alice-token-0123456789", "ops-token-0123456789"] {
+            assert!(!log.contains(secret), "{name}'s log shows a secret");
+        }
+        // The replica credential the node received on every call is derived; none of it shows.
+        assert!(!log.contains("berth-replica.node-auth."), "{name}'s log shows a replica credential");
+    }
+}
+
+/// Issue 14: two real node-agent processes with the same id and credential (a copied
+/// credential, or a node started twice). The second cannot take the id over while the first
+/// lives: the record keeps the first's address, and the second's log says why. Once the
+/// first is killed, its lease runs out and the second registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_agent_cannot_take_over_a_live_node_id() {
+    let etcd = EtcdProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, credentials) = node_credentials(dir.path(), &["node-twin"]);
+    let prefix = format!("/berth-twin-{:016x}", rand::random::<u64>());
+    let replica = BerthProcess::start(
+        "replica-twin",
+        ["control-plane", "--etcd", &etcd.endpoint(), "--key-prefix", &prefix, "--replica-id", "replica-twin"]
+            .into_iter()
+            .chain(["--node-credential-key-file", &key, "--node-lease-ttl", "4s", "--heartbeat-interval", "1s"])
+            .map(str::to_owned)
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let node_args = |data: &str| -> Vec<String> {
+        [
+            "node-agent",
+            "--control-plane",
+            &replica.endpoint,
+            "--data-dir",
+            data,
+            "--node-id",
+            "node-twin",
+            "--allow-unsandboxed",
+            "--node-credential-file",
+            &credentials[0],
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let first_data = dir.path().join("first").display().to_string();
+    let first = BerthProcess::start("node-twin-1", node_args(&first_data)).await.unwrap();
+    let address_of_node = || async {
+        let output = cli(&replica.endpoint, None, &["nodes", "list", "-o", "json"]);
+        let listed = text(&output.stdout);
+        listed.contains("node-twin").then_some(listed)
+    };
+    let listed = berth_testkit::wait_for(Duration::from_secs(30), address_of_node).await.expect("first node listed");
+    assert!(listed.contains(&first.endpoint), "{listed}");
+
+    let second_data = dir.path().join("second").display().to_string();
+    let second = BerthProcess::start("node-twin-2", node_args(&second_data)).await.unwrap();
+    let refused =
+        wait_until(Duration::from_secs(20), || async { second.log().contains("node id node-twin is held") }).await;
+    assert!(refused, "the second process was not refused; its log:\n{}", second.log());
+    let listed = address_of_node().await.expect("listed");
+    assert!(listed.contains(&first.endpoint) && !listed.contains(&second.endpoint), "taken over: {listed}");
+    assert!(replica.log().contains("registration refused: the node id is held on another lease"), "{}", replica.log());
+
+    // The holder dies: its lease runs out and the id is free for the second process.
+    first.kill();
+    let moved = wait_until(Duration::from_secs(30), || async {
+        address_of_node().await.is_some_and(|listed| listed.contains(&second.endpoint))
+    })
+    .await;
+    assert!(moved, "the second process never registered after the first died:\n{}", second.log());
 }

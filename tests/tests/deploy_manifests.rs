@@ -439,7 +439,7 @@ fn cli_variables() -> BTreeSet<String> {
         }
     }
     assert!(
-        ["BERTH_ETCD", "BERTH_NODE_SECRET_FILE", "BERTH_METRICS_LISTEN"].iter().all(|name| known.contains(*name)),
+        ["BERTH_ETCD", "BERTH_NODE_CREDENTIAL_FILE", "BERTH_METRICS_LISTEN"].iter().all(|name| known.contains(*name)),
         "{known:?}"
     );
     known

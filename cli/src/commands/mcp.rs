@@ -23,7 +23,7 @@ use crate::output::{Table, emit, emit_message};
 pub enum McpCommand {
     /// Declare an MCP server: `--command` (stdio, started inside the sandbox) or `--url`
     /// (streamable HTTP, connected from the node).
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// Remove a server, its secrets and its live client.
     Rm { workspace: String, name: String },
     /// List the declared servers.
@@ -62,9 +62,18 @@ pub struct AddArgs {
     /// Env variable of the stdio server (repeatable).
     #[arg(long = "env", value_parser = parse_key_value)]
     pub env: Vec<(String, String)>,
-    /// Secret env variable: stored on the node, never in the workspace (repeatable).
+    /// Secret env variable: stored on the node, never in the workspace (repeatable). On the
+    /// command line it shows in `ps`: prefer --secret-env-file or --secret-env-from.
     #[arg(long = "secret-env", value_parser = parse_key_value)]
     pub secret_env: Vec<(String, String)>,
+    /// File of secret env variables, one KEY=VALUE per line (blank lines and # comments
+    /// skipped; repeatable).
+    #[arg(long = "secret-env-file")]
+    pub secret_env_files: Vec<std::path::PathBuf>,
+    /// Secret env variable taken from this CLI's own environment: `--secret-env-from
+    /// API_KEY` sends API_KEY=$API_KEY (repeatable).
+    #[arg(long = "secret-env-from")]
+    pub secret_env_from: Vec<String>,
     /// Working directory of the stdio server, relative to the workspace root.
     #[arg(long, default_value = "")]
     pub cwd: String,
@@ -78,12 +87,56 @@ pub struct AddArgs {
     /// HTTP header (repeatable).
     #[arg(long = "header", value_parser = parse_key_value)]
     pub headers: Vec<(String, String)>,
-    /// Secret HTTP header, e.g. Authorization=Bearer... (repeatable).
+    /// Secret HTTP header, e.g. Authorization=Bearer... (repeatable). On the command line
+    /// it shows in `ps`: prefer --secret-header-file.
     #[arg(long = "secret-header", value_parser = parse_key_value)]
     pub secret_headers: Vec<(String, String)>,
+    /// File of secret HTTP headers, one Name=Value per line (repeatable).
+    #[arg(long = "secret-header-file")]
+    pub secret_header_files: Vec<std::path::PathBuf>,
     /// Replace a server of the same name.
     #[arg(long)]
     pub replace: bool,
+}
+
+/// `KEY=VALUE` lines of a secrets file; blank lines and `#` comments are skipped. Errors
+/// name the file and line, never the value.
+fn secret_file(path: &std::path::Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).map_err(|error| anyhow::anyhow!("reading {}: {error}", path.display()))?;
+    let mut pairs = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let pair = parse_key_value(line).map_err(|_| {
+            anyhow::anyhow!("{} line {}: expected KEY=VALUE (value not shown)", path.display(), number + 1)
+        })?;
+        pairs.push(pair);
+    }
+    Ok(pairs)
+}
+
+/// The secret env of `mcp add`: flags, files and variables of this process's environment.
+fn secret_env(args: &AddArgs) -> anyhow::Result<Vec<(String, String)>> {
+    let mut pairs = args.secret_env.clone();
+    for path in &args.secret_env_files {
+        pairs.extend(secret_file(path)?);
+    }
+    for name in &args.secret_env_from {
+        let value = std::env::var(name)
+            .map_err(|_| anyhow::anyhow!("--secret-env-from {name}: {name} is not set in this environment"))?;
+        pairs.push((name.clone(), value));
+    }
+    Ok(pairs)
+}
+
+fn secret_headers(args: &AddArgs) -> anyhow::Result<Vec<(String, String)>> {
+    let mut pairs = args.secret_headers.clone();
+    for path in &args.secret_header_files {
+        pairs.extend(secret_file(path)?);
+    }
+    Ok(pairs)
 }
 
 fn values(plain: Vec<(String, String)>, secret: Vec<(String, String)>) -> HashMap<String, McpValue> {
@@ -133,16 +186,17 @@ pub async fn run(command: McpCommand, global: &GlobalArgs, io: &mut Io<'_>) -> a
     let mut client = connect(global).await?.contract();
     match command {
         McpCommand::Add(args) => {
+            let (secret_env, secret_headers) = (secret_env(&args)?, secret_headers(&args)?);
             let transport = match (args.command, args.url) {
                 (Some(command), None) => mcp_server::Transport::Stdio(McpStdio {
                     command,
                     args: args.args,
-                    env: values(args.env, args.secret_env),
+                    env: values(args.env, secret_env),
                     cwd: args.cwd,
                     sha256: args.sha256.unwrap_or_default(),
                 }),
                 (None, Some(url)) => {
-                    mcp_server::Transport::Http(McpHttp { url, headers: values(args.headers, args.secret_headers) })
+                    mcp_server::Transport::Http(McpHttp { url, headers: values(args.headers, secret_headers) })
                 }
                 _ => anyhow::bail!("give either --command or --url"),
             };
@@ -316,6 +370,35 @@ mod tests {
         assert!(matches!(parse(&["tools", "ws", "echo"]).unwrap(), McpCommand::Tools { .. }));
         assert!(matches!(parse(&["ls", "ws"]).unwrap(), McpCommand::Ls { .. }));
         assert!(matches!(parse(&["rm", "ws", "echo"]).unwrap(), McpCommand::Rm { .. }));
+    }
+
+    #[test]
+    fn secrets_come_from_files_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let env_file = dir.path().join("mcp.env");
+        std::fs::write(&env_file, "# the server's keys\nAPI_KEY=k-123\n\nOTHER=a=b\n").unwrap();
+        let header_file = dir.path().join("mcp.headers");
+        std::fs::write(&header_file, "Authorization=Bearer t-456\n").unwrap();
+        // A variable no test sets: its absence is the refusal checked below.
+        let name = "BERTH_TEST_MCP_SECRET_FROM_ENV";
+        let env_path = env_file.display().to_string();
+        let add = parse(&["add", "ws", "x", "--command", "c", "--secret-env-file", &env_path]).unwrap();
+        let McpCommand::Add(args) = add else { panic!("not add") };
+        let secret = secret_env(&args).unwrap();
+        assert_eq!(secret, [("API_KEY".into(), "k-123".into()), ("OTHER".into(), "a=b".into())]);
+        let add = parse(&["add", "ws", "x", "--command", "c", "--secret-env-from", name]).unwrap();
+        let McpCommand::Add(args) = add else { panic!("not add") };
+        assert!(secret_env(&args).unwrap_err().to_string().contains("is not set"));
+        let header_path = header_file.display().to_string();
+        let add = parse(&["add", "ws", "x", "--url", "http://h", "--secret-header-file", &header_path]).unwrap();
+        let McpCommand::Add(args) = add else { panic!("not add") };
+        assert_eq!(secret_headers(&args).unwrap(), [("Authorization".into(), "Bearer t-456".into())]);
+        // A malformed line names the file and line, not its value.
+        std::fs::write(&env_file, "not-a-pair-secret-value\n").unwrap();
+        let add = parse(&["add", "ws", "x", "--command", "c", "--secret-env-file", &env_path]).unwrap();
+        let McpCommand::Add(args) = add else { panic!("not add") };
+        let error = secret_env(&args).unwrap_err().to_string();
+        assert!(error.contains("line 1") && !error.contains("secret-value"), "{error}");
     }
 
     #[test]

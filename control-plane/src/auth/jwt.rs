@@ -1,13 +1,19 @@
 //! `--auth jwt`: bearer JWTs signed with HS256 (a shared secret) or RS256 / ES256 (a public
 //! key), verified with `jsonwebtoken` (on ring).
 //!
-//! `sub` is the principal's name. Optional claims: `admin: true` makes an admin,
-//! `act_for_users: true` a service that may act for users; neither, an end user.
-//! `berth_backends: ["local"]` grants unsandboxed backends, as a token's `backends` does
-//! (only unsandboxed names; anything else makes the token invalid). `exp` is
-//! required and enforced with a small leeway; `iss` / `aud` are checked when configured.
-//! Only the algorithm that matches the configured key is accepted (no `alg: none`, no
-//! HS256-with-the-public-key confusion).
+//! `sub` is the principal's name. Berth's own claims are namespaced, so an identity
+//! provider's claims of the same name mean nothing here: `berth/admin: true` makes an admin,
+//! `berth/act_for_users: true` a service that may act for users; neither, an end user.
+//! `berth/backends: ["local"]` grants unsandboxed backends, as a token's `backends` does
+//! (only unsandboxed names; anything else makes the token invalid). The older bare names
+//! (`admin`, `act_for_users`, `berth_backends`) are read only with `--jwt-legacy-claims`;
+//! otherwise a token carrying one is refused, naming the new claim.
+//!
+//! `exp` is required and enforced with a small leeway, and no token may live longer than
+//! `--jwt-max-lifetime` (from `iat`, or from now when it has none). `iss` and `aud` are
+//! required (`--jwt-issuer`, `--jwt-audience`) unless explicitly waived
+//! (`--jwt-any-issuer`, `--jwt-any-audience`). Only the algorithm that matches the
+//! configured key is accepted (no `alg: none`, no HS256-with-the-public-key confusion).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -30,37 +36,72 @@ pub enum JwtKey {
     PublicKey(PathBuf),
 }
 
+/// Whether `iss` / `aud` must match a configured value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimCheck {
+    /// The claim must be this value.
+    Required(String),
+    /// Explicitly not checked (`--jwt-any-issuer` / `--jwt-any-audience`).
+    Waived,
+    /// Not configured: refused at start.
+    Unset,
+}
+
 #[derive(Clone, Debug)]
 pub struct JwtConfig {
     pub key: JwtKey,
-    /// Required `iss`, when set.
-    pub issuer: Option<String>,
-    /// Required `aud`, when set.
-    pub audience: Option<String>,
+    /// `iss` every token must carry.
+    pub issuer: ClaimCheck,
+    /// `aud` every token must carry.
+    pub audience: ClaimCheck,
     /// Clock skew tolerated on `exp` / `nbf`.
     pub leeway: Duration,
+    /// Longest a token may be valid: `exp - iat` (or `exp - now` without `iat`).
+    pub max_lifetime: Duration,
+    /// Also read the un-namespaced claims `admin`, `act_for_users`, `berth_backends`.
+    pub legacy_claims: bool,
 }
 
 impl JwtConfig {
+    /// A config that still needs its issuer and audience set (or waived).
     pub fn new(key: JwtKey) -> Self {
-        Self { key, issuer: None, audience: None, leeway: Duration::from_secs(30) }
+        Self {
+            key,
+            issuer: ClaimCheck::Unset,
+            audience: ClaimCheck::Unset,
+            leeway: Duration::from_secs(30),
+            max_lifetime: Duration::from_secs(24 * 3600),
+            legacy_claims: false,
+        }
     }
 }
 
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
+    exp: u64,
     #[serde(default)]
+    iat: Option<u64>,
+    #[serde(default, rename = "berth/admin")]
     admin: bool,
-    #[serde(default)]
+    #[serde(default, rename = "berth/act_for_users")]
     act_for_users: bool,
-    #[serde(default)]
-    berth_backends: Vec<String>,
+    #[serde(default, rename = "berth/backends")]
+    backends: Vec<String>,
+    #[serde(default, rename = "admin")]
+    legacy_admin: Option<serde_json::Value>,
+    #[serde(default, rename = "act_for_users")]
+    legacy_act_for_users: Option<serde_json::Value>,
+    #[serde(default, rename = "berth_backends")]
+    legacy_backends: Option<serde_json::Value>,
 }
 
 pub struct JwtVerifier {
     key: DecodingKey,
     validation: Validation,
+    max_lifetime: Duration,
+    leeway: Duration,
+    legacy_claims: bool,
 }
 
 impl JwtVerifier {
@@ -86,16 +127,42 @@ impl JwtVerifier {
         validation.leeway = config.leeway.as_secs();
         validation.validate_exp = true;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        let mut required = vec!["exp", "sub"];
         match &config.issuer {
-            Some(issuer) => validation.set_issuer(&[issuer]),
-            None => validation.iss = None,
+            ClaimCheck::Required(issuer) => {
+                validation.set_issuer(&[issuer]);
+                required.push("iss");
+            }
+            ClaimCheck::Waived => validation.iss = None,
+            ClaimCheck::Unset => {
+                return Err("--auth jwt needs --jwt-issuer (the iss every token must carry), or --jwt-any-issuer \
+                            to accept tokens of any issuer signed with this key"
+                    .into());
+            }
         }
         match &config.audience {
-            Some(audience) => validation.set_audience(&[audience]),
-            None => validation.validate_aud = false,
+            ClaimCheck::Required(audience) => {
+                validation.set_audience(&[audience]);
+                required.push("aud");
+            }
+            ClaimCheck::Waived => validation.validate_aud = false,
+            ClaimCheck::Unset => {
+                return Err("--auth jwt needs --jwt-audience (the aud every token must carry), or \
+                            --jwt-any-audience to accept tokens meant for any service signed with this key"
+                    .into());
+            }
         }
-        Ok(Self { key, validation })
+        validation.set_required_spec_claims(&required);
+        if config.max_lifetime.is_zero() {
+            return Err("--jwt-max-lifetime must be above 0s".into());
+        }
+        Ok(Self {
+            key,
+            validation,
+            max_lifetime: config.max_lifetime,
+            leeway: config.leeway,
+            legacy_claims: config.legacy_claims,
+        })
     }
 
     pub fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
@@ -105,8 +172,10 @@ impl JwtVerifier {
                 ErrorKind::InvalidSignature => AuthError::Invalid,
                 other => AuthError::InvalidToken(describe(other)),
             })?;
-        let claims = data.claims;
+        let mut claims = data.claims;
         validate_id("subject", &claims.sub).map_err(|error| AuthError::InvalidToken(error.to_string()))?;
+        self.check_lifetime(&claims)?;
+        self.fold_legacy_claims(&mut claims)?;
         let role = if claims.admin {
             Role::Admin
         } else if claims.act_for_users {
@@ -114,9 +183,56 @@ impl JwtVerifier {
         } else {
             Role::User
         };
-        let granted_backends = super::tokens::granted_backends(claims.berth_backends)
-            .map_err(|reason| AuthError::InvalidToken(format!("berth_backends claim: {reason}")))?;
+        let granted_backends = super::tokens::granted_backends(claims.backends)
+            .map_err(|reason| AuthError::InvalidToken(format!("berth/backends claim: {reason}")))?;
         Ok(Principal { granted_backends, ..Principal::new(claims.sub, role) })
+    }
+}
+
+impl JwtVerifier {
+    /// A token valid for longer than the maximum is refused, however it was signed: a
+    /// leaked long-lived token would otherwise outlive any rotation.
+    fn check_lifetime(&self, claims: &Claims) -> Result<(), AuthError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.as_secs())
+            .unwrap_or(0);
+        let start = claims.iat.map_or(now, |iat| iat.min(now));
+        let lifetime = claims.exp.saturating_sub(start);
+        let allowed = self.max_lifetime.as_secs() + self.leeway.as_secs();
+        if lifetime > allowed {
+            return Err(AuthError::InvalidToken(format!(
+                "valid for {lifetime} s, longer than the {} s this replica accepts (--jwt-max-lifetime)",
+                self.max_lifetime.as_secs()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The bare claim names of older tokens: read with `--jwt-legacy-claims`, else refused
+    /// with the name to use instead (never silently ignored: an admin token would quietly
+    /// become a user's).
+    fn fold_legacy_claims(&self, claims: &mut Claims) -> Result<(), AuthError> {
+        let legacy = [
+            ("admin", "berth/admin", claims.legacy_admin.take()),
+            ("act_for_users", "berth/act_for_users", claims.legacy_act_for_users.take()),
+            ("berth_backends", "berth/backends", claims.legacy_backends.take()),
+        ];
+        for (old, new, value) in legacy {
+            let Some(value) = value else { continue };
+            if !self.legacy_claims {
+                return Err(AuthError::InvalidToken(format!(
+                    "claim {old:?} is no longer read; use {new:?} (or start the replica with --jwt-legacy-claims)"
+                )));
+            }
+            let bad = || AuthError::InvalidToken(format!("claim {old:?} has the wrong type"));
+            match old {
+                "admin" => claims.admin |= value.as_bool().ok_or_else(bad)?,
+                "act_for_users" => claims.act_for_users |= value.as_bool().ok_or_else(bad)?,
+                _ => claims.backends.extend(serde_json::from_value::<Vec<String>>(value).map_err(|_| bad())?),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -149,8 +265,8 @@ mod tests {
         let path = dir.join("jwt.secret");
         std::fs::write(&path, "jwt-secret-0123456789abcdef\n").unwrap();
         let mut config = JwtConfig::new(JwtKey::Secret(path));
-        config.issuer = issuer.map(str::to_owned);
-        config.audience = audience.map(str::to_owned);
+        config.issuer = issuer.map_or(ClaimCheck::Waived, |issuer| ClaimCheck::Required(issuer.to_owned()));
+        config.audience = audience.map_or(ClaimCheck::Waived, |audience| ClaimCheck::Required(audience.to_owned()));
         config.leeway = Duration::from_secs(5);
         JwtVerifier::new(&config).unwrap()
     }
@@ -168,17 +284,17 @@ mod tests {
         let good = serde_json::json!({"sub": "alice", "exp": now() + 60, "iss": "berth-test", "aud": "berth"});
         assert_eq!(verifier.authenticate(&sign(good.clone(), secret)).unwrap(), Principal::new("alice", Role::User));
         let mut admin = good.clone();
-        admin["admin"] = true.into();
+        admin["berth/admin"] = true.into();
         assert_eq!(verifier.authenticate(&sign(admin, secret)).unwrap().role, Role::Admin);
         let mut service = good.clone();
-        service["act_for_users"] = true.into();
+        service["berth/act_for_users"] = true.into();
         assert_eq!(verifier.authenticate(&sign(service, secret)).unwrap().role, Role::Service { act_for_users: true });
 
         let mut granted = good.clone();
-        granted["berth_backends"] = serde_json::json!(["local"]);
+        granted["berth/backends"] = serde_json::json!(["local"]);
         assert!(verifier.authenticate(&sign(granted, secret)).unwrap().may_use_backend("local"));
         let mut bad_grant = good.clone();
-        bad_grant["berth_backends"] = serde_json::json!(["docker"]);
+        bad_grant["berth/backends"] = serde_json::json!(["docker"]);
         assert!(matches!(verifier.authenticate(&sign(bad_grant, secret)), Err(AuthError::InvalidToken(_))));
         assert!(!verifier.authenticate(&sign(good.clone(), secret)).unwrap().may_use_backend("local"));
 
@@ -191,17 +307,78 @@ mod tests {
         let mut no_exp = good.clone();
         no_exp.as_object_mut().unwrap().remove("exp");
         assert!(matches!(verifier.authenticate(&sign(no_exp, secret)), Err(AuthError::InvalidToken(_))));
-        let mut issuer = good.clone();
-        issuer["iss"] = "someone-else".into();
-        assert!(matches!(verifier.authenticate(&sign(issuer, secret)), Err(AuthError::InvalidToken(_))));
-        let mut audience = good.clone();
-        audience["aud"] = "other".into();
-        assert!(matches!(verifier.authenticate(&sign(audience, secret)), Err(AuthError::InvalidToken(_))));
+        for (claim, value) in [("iss", "someone-else"), ("aud", "other")] {
+            let mut wrong = good.clone();
+            wrong[claim] = value.into();
+            let refused = verifier.authenticate(&sign(wrong.clone(), secret)).unwrap_err();
+            assert!(matches!(refused, AuthError::InvalidToken(_)), "wrong {claim}: {refused:?}");
+            wrong.as_object_mut().unwrap().remove(claim);
+            let refused = verifier.authenticate(&sign(wrong, secret)).unwrap_err();
+            assert!(matches!(refused, AuthError::InvalidToken(_)), "missing {claim}: {refused:?}");
+        }
         assert_eq!(verifier.authenticate(&sign(good.clone(), "another-secret-0123456789")), Err(AuthError::Invalid));
         assert!(verifier.authenticate("not.a.jwt").is_err());
         let mut bad_sub = good;
         bad_sub["sub"] = "../root".into();
         assert!(matches!(verifier.authenticate(&sign(bad_sub, secret)), Err(AuthError::InvalidToken(_))));
+    }
+
+    #[test]
+    fn issuer_and_audience_are_required_unless_waived() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwt.secret");
+        std::fs::write(&path, "jwt-secret-0123456789abcdef\n").unwrap();
+        let mut config = JwtConfig::new(JwtKey::Secret(path));
+        assert!(JwtVerifier::new(&config).err().unwrap().contains("--jwt-issuer"));
+        config.issuer = ClaimCheck::Waived;
+        assert!(JwtVerifier::new(&config).err().unwrap().contains("--jwt-audience"));
+        config.audience = ClaimCheck::Required("berth".into());
+        assert!(JwtVerifier::new(&config).is_ok());
+    }
+
+    #[test]
+    fn tokens_living_longer_than_the_maximum_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut verifier = verifier(dir.path(), None, None);
+        verifier.max_lifetime = Duration::from_secs(3600);
+        let secret = "jwt-secret-0123456789abcdef";
+        let within = serde_json::json!({"sub": "alice", "iat": now(), "exp": now() + 3600});
+        assert!(verifier.authenticate(&sign(within, secret)).is_ok());
+        for too_long in [
+            serde_json::json!({"sub": "alice", "iat": now(), "exp": now() + 7200}),
+            // Without iat the lifetime counts from now.
+            serde_json::json!({"sub": "alice", "exp": now() + 7200}),
+            // An iat in the future does not shorten it.
+            serde_json::json!({"sub": "alice", "iat": now() + 3600, "exp": now() + 7200}),
+            // Issued long ago for a long time: refused although little of it is left.
+            serde_json::json!({"sub": "alice", "iat": now() - 86400 * 30, "exp": now() + 60}),
+        ] {
+            let refused = verifier.authenticate(&sign(too_long.clone(), secret)).unwrap_err();
+            assert!(
+                matches!(&refused, AuthError::InvalidToken(reason) if reason.contains("--jwt-max-lifetime")),
+                "{too_long}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bare_claim_names_are_refused_unless_legacy_claims_are_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut verifier = verifier(dir.path(), None, None);
+        let secret = "jwt-secret-0123456789abcdef";
+        let old_admin = serde_json::json!({"sub": "root", "exp": now() + 60, "admin": true});
+        let refused = verifier.authenticate(&sign(old_admin.clone(), secret)).unwrap_err();
+        assert!(
+            matches!(&refused, AuthError::InvalidToken(reason) if reason.contains("\"berth/admin\"")),
+            "{refused:?}"
+        );
+        let old_backends = serde_json::json!({"sub": "a", "exp": now() + 60, "berth_backends": ["local"]});
+        assert!(verifier.authenticate(&sign(old_backends.clone(), secret)).is_err());
+        verifier.legacy_claims = true;
+        assert_eq!(verifier.authenticate(&sign(old_admin, secret)).unwrap().role, Role::Admin);
+        assert!(verifier.authenticate(&sign(old_backends, secret)).unwrap().may_use_backend("local"));
+        let service = serde_json::json!({"sub": "svc", "exp": now() + 60, "act_for_users": true});
+        assert_eq!(verifier.authenticate(&sign(service, secret)).unwrap().role, Role::Service { act_for_users: true });
     }
 
     #[test]
@@ -229,7 +406,10 @@ mod tests {
             let (private_text, public_text) = (private.display().to_string(), public.display().to_string());
             openssl(&["genpkey", "-algorithm", kind, "-pkeyopt", options, "-out", &private_text]);
             openssl(&["pkey", "-in", &private_text, "-pubout", "-out", &public_text]);
-            let verifier = JwtVerifier::new(&JwtConfig::new(JwtKey::PublicKey(public.clone()))).unwrap();
+            let mut config = JwtConfig::new(JwtKey::PublicKey(public.clone()));
+            config.issuer = ClaimCheck::Waived;
+            config.audience = ClaimCheck::Waived;
+            let verifier = JwtVerifier::new(&config).unwrap();
             let pem = std::fs::read(&private).unwrap();
             let key = match algorithm {
                 Algorithm::RS256 => EncodingKey::from_rsa_pem(&pem).unwrap(),

@@ -2,8 +2,9 @@
 //!
 //! By path:
 //! - `grpc.health.v1.Health/*` — open (load balancers and readiness probes carry no token).
-//! - `berth.v1.NodeService/*` — node heartbeats: the node credential when one is
-//!   configured (`--node-secret-file`), never a user token.
+//! - `berth.v1.NodeService/*` — node heartbeats: a node credential ([`NodeAuth`]), never a
+//!   user token. The node id it proves goes into the request extensions as an
+//!   [`AuthenticatedNode`]; the heartbeat handler refuses a registration under another id.
 //! - everything else — authenticated by the configured [`Authenticator`]; the resulting
 //!   [`Caller`] goes into the request extensions for the handlers' [`crate::authz`] checks.
 //!   A service added to the router later is covered without doing anything.
@@ -18,7 +19,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use berth_proto::auth::Secret;
 use futures::future::BoxFuture;
 use http::{Request, Response};
 use tonic::body::Body;
@@ -26,6 +26,7 @@ use tower::{Layer, Service};
 
 use super::authenticator::Authenticator;
 use super::caller::Caller;
+use super::node::{AuthenticatedNode, NodeAuth};
 use crate::error::ControlPlaneError;
 
 /// Audit target; route it to its own sink with `RUST_LOG=berth::audit=info`.
@@ -38,12 +39,12 @@ pub struct AuthLayer {
 
 struct State {
     authenticator: Authenticator,
-    node_secret: Option<Secret>,
+    node_auth: NodeAuth,
 }
 
 impl AuthLayer {
-    pub fn new(authenticator: Authenticator, node_secret: Option<Secret>) -> Self {
-        Self { state: Arc::new(State { authenticator, node_secret }) }
+    pub fn new(authenticator: Authenticator, node_auth: NodeAuth) -> Self {
+        Self { state: Arc::new(State { authenticator, node_auth }) }
     }
 }
 
@@ -117,21 +118,21 @@ where
         match classify(&path) {
             Class::Open => Box::pin(inner.call(request)),
             Class::Node => {
-                let allowed = match &self.state.node_secret {
-                    None => true,
-                    Some(secret) => request
-                        .headers()
-                        .get(berth_proto::auth::AUTHORIZATION)
-                        .and_then(|value| value.to_str().ok())
-                        .and_then(berth_proto::auth::bearer_of)
-                        .is_some_and(|presented| secret.matches(presented)),
-                };
-                if allowed {
-                    Box::pin(inner.call(request))
-                } else {
-                    tracing::warn!(target: AUDIT_TARGET, rpc = %path, outcome = "Unauthenticated", "node call without the node credential refused");
-                    let status = tonic::Status::from(ControlPlaneError::NodeCredentials);
-                    Box::pin(async move { Ok(status.into_http()) })
+                let presented = request
+                    .headers()
+                    .get(berth_proto::auth::AUTHORIZATION)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(berth_proto::auth::bearer_of);
+                match self.state.node_auth.authenticate(presented) {
+                    Some(node) => {
+                        request.extensions_mut().insert::<AuthenticatedNode>(node);
+                        Box::pin(inner.call(request))
+                    }
+                    None => {
+                        tracing::warn!(target: AUDIT_TARGET, rpc = %path, outcome = "Unauthenticated", "node call without a valid node credential refused");
+                        let status = tonic::Status::from(ControlPlaneError::NodeCredentials);
+                        Box::pin(async move { Ok(status.into_http()) })
+                    }
                 }
             }
             Class::Public => match self.state.authenticator.authenticate(request.headers()) {

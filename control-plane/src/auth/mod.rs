@@ -15,6 +15,7 @@ pub(crate) mod caller;
 pub(crate) mod error;
 pub mod jwt;
 pub mod layer;
+pub mod node;
 pub(crate) mod principal;
 pub mod tokens;
 
@@ -23,4 +24,5 @@ pub use caller::Caller;
 pub use error::AuthError;
 pub use jwt::JwtConfig;
 pub use layer::AuthLayer;
+pub use node::{AuthenticatedNode, NodeAuth};
 pub use principal::{Principal, Role};

@@ -35,6 +35,12 @@ pub struct EtcdConfig {
     pub call_timeout: Duration,
     /// Deadline for establishing the client at `connect`.
     pub connect_timeout: Duration,
+    /// TLS towards `https://` endpoints: the CA of etcd's server certificates and, for
+    /// etcd's `--client-cert-auth`, this replica's client certificate (`--etcd-ca`,
+    /// `--etcd-cert`, `--etcd-key`).
+    pub tls: Option<berth_proto::tls::ClientTls>,
+    /// etcd authentication: user name and password (`--etcd-user`, `--etcd-password-file`).
+    pub user: Option<(String, berth_proto::auth::Secret)>,
 }
 
 impl Default for EtcdConfig {
@@ -43,6 +49,8 @@ impl Default for EtcdConfig {
             endpoints: vec!["http://127.0.0.1:2379".into()],
             call_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
+            tls: None,
+            user: None,
         }
     }
 }
@@ -58,6 +66,17 @@ impl EtcdConfig {
         }
         if self.call_timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(RegistryError::InvalidRequest("etcd timeouts must be positive".into()));
+        }
+        let https = self.endpoints.iter().filter(|endpoint| endpoint.starts_with("https://")).count();
+        if self.tls.is_some() && https != self.endpoints.len() {
+            return Err(RegistryError::InvalidRequest(
+                "with etcd TLS (--etcd-ca) every etcd endpoint must be an https:// URL".into(),
+            ));
+        }
+        if self.tls.is_none() && https > 0 {
+            return Err(RegistryError::InvalidRequest(
+                "https:// etcd endpoints need the CA of etcd's certificates (--etcd-ca)".into(),
+            ));
         }
         Ok(())
     }
@@ -81,7 +100,7 @@ impl EtcdRegistry {
     /// a wrong endpoint fails at start instead of at its first request.
     pub async fn connect(config: EtcdConfig) -> Result<Arc<Self>> {
         config.validate()?;
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             // HTTP/2 pings find a dead peer under an otherwise idle watch stream.
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
@@ -89,6 +108,15 @@ impl EtcdRegistry {
             // calls and, after a few election timeouts, ends its watches, instead of
             // answering from its frozen state (issue 13, finding 6).
             .with_require_leader(true);
+        if let Some(tls) = &config.tls {
+            let tls = tls.config().map_err(|error| RegistryError::InvalidRequest(format!("etcd tls: {error}")))?;
+            options = options.with_tls(tls);
+        }
+        if let Some((user, password)) = &config.user {
+            // The client authenticates at connect and renews its token when etcd says it
+            // expired.
+            options = options.with_user(user.clone(), password.expose().to_owned());
+        }
         let client = tokio::time::timeout(config.connect_timeout, Client::connect(&config.endpoints, Some(options)))
             .await
             .map_err(|_| RegistryError::Timeout {

@@ -83,7 +83,7 @@ impl AdminApi {
         node_id_of(node_id)?;
         let node =
             self.store.node(node_id).ok_or_else(|| ControlPlaneError::NodeNotFound { node_id: node_id.to_owned() })?;
-        Ok(self.nodes.get(&node.address)?)
+        Ok(self.nodes.get(&node.node_id, &node.address)?)
     }
 
     fn node_info(&self, node: &NodeRecord) -> v1::NodeInfo {

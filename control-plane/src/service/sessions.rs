@@ -188,7 +188,7 @@ impl Sessions {
 
     pub async fn get_workspace(&self, caller: &Caller, workspace_id: &str) -> Result<v1::Workspace, ControlPlaneError> {
         let (_, record) = self.access.workspace(caller, workspace_id, Action::View).await?;
-        Ok(self.workspace_to_proto(&record))
+        Ok(self.workspace_for(caller, &record))
     }
 
     /// Lists what the caller may see, nothing else (not even a count).
@@ -210,7 +210,7 @@ impl Sessions {
         let next_page_token =
             if more { matching.last().map(|record| record.id.to_string()).unwrap_or_default() } else { String::new() };
         Ok(v1::ListWorkspacesResponse {
-            workspaces: matching.iter().map(|record| self.workspace_to_proto(record)).collect(),
+            workspaces: matching.iter().map(|record| self.workspace_for(caller, record)).collect(),
             next_page_token,
         })
     }
@@ -270,7 +270,7 @@ impl Sessions {
             let Some(node) = &node else { return Ok(v1::CloseWorkspaceResponse {}) };
             // The node removes the files at once (an owner's delete); a node that does not
             // answer keeps them until it reports the copy (then they are quarantined).
-            let mut client = self.nodes.get(&node.address)?;
+            let mut client = self.nodes.get(&node.node_id, &node.address)?;
             let request = node_request(v1::DestroyRequest { workspace_id: id }, record.generation, timeout);
             match client.destroy(request).await {
                 Ok(_) => {
@@ -286,7 +286,7 @@ impl Sessions {
             }
         } else {
             if let Some(node) = &node {
-                let mut client = self.nodes.get(&node.address)?;
+                let mut client = self.nodes.get(&node.node_id, &node.address)?;
                 let response = client
                     .release(node_request(v1::ReleaseRequest { workspace_id: id }, record.generation, timeout))
                     .await?;
@@ -298,6 +298,21 @@ impl Sessions {
             self.store.write_fenced(&record, fence).await?;
         }
         Ok(v1::CloseWorkspaceResponse {})
+    }
+
+    /// The workspace as `caller` may see it: the spec's env values (often credentials the
+    /// owner handed its agent) only for the owner and admins; anyone else it is shared with,
+    /// or who sees a `global` workspace, gets the names with [`REDACTED`] values.
+    pub fn workspace_for(&self, caller: &Caller, record: &WorkspaceRecord) -> v1::Workspace {
+        let mut workspace = self.workspace_to_proto(record);
+        let principal = caller.principal();
+        if !principal.is_admin()
+            && principal.user() != record.owner
+            && let Some(spec) = workspace.spec.as_mut()
+        {
+            spec.env.values_mut().for_each(|value| *value = REDACTED.to_owned());
+        }
+        workspace
     }
 
     pub fn workspace_to_proto(&self, record: &WorkspaceRecord) -> v1::Workspace {
@@ -326,6 +341,9 @@ impl Sessions {
         }
     }
 }
+
+/// What a spec env value reads as for callers other than the owner and admins.
+pub const REDACTED: &str = "<redacted>";
 
 /// The origin fields of a Workspace answer (every other field default).
 pub fn origin_to_proto(origin: &Origin) -> v1::Workspace {

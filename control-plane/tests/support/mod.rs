@@ -2,7 +2,7 @@
 //! `--auth token`, a second replica with `--auth jwt` on the same registry, and one node
 //! agent (local backend) that only accepts the replicas' node secret. The node offers only
 //! `local` (with `allow_unsandboxed`), so the test users' tokens and JWTs carry the grant
-//! for it (`backends = ["local"]`, `berth_backends`): without it a plain user is refused.
+//! for it (`backends = ["local"]`, `berth/backends`): without it a plain user is refused.
 
 #![allow(dead_code)]
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_control_plane::auth::AuthConfig;
-use berth_control_plane::auth::jwt::{JwtConfig, JwtKey};
+use berth_control_plane::auth::jwt::{ClaimCheck, JwtConfig, JwtKey};
 use berth_control_plane::registry::embedded::EmbeddedRegistry;
 use berth_control_plane::{ControlPlaneConfig, RegistryRef};
 use berth_proto::auth::Secret;
@@ -29,6 +29,8 @@ pub const CAROL: &str = "carol-token-0123456789";
 pub const PLATFORM: &str = "platform-token-0123456789";
 pub const OPS: &str = "ops-token-0123456789";
 pub const JWT_SECRET: &str = "jwt-secret-0123456789abcdef";
+pub const JWT_ISSUER: &str = "berth-tests";
+pub const JWT_AUDIENCE: &str = "berth";
 
 const TOKENS: &str = r#"
 [[token]]
@@ -118,6 +120,8 @@ pub async fn start(limits: Limits) -> Harness {
     let (jwt_listener, jwt_endpoint) = listener().await;
     let mut jwt = JwtConfig::new(JwtKey::Secret(jwt_secret));
     jwt.leeway = Duration::from_secs(5);
+    jwt.issuer = ClaimCheck::Required(JWT_ISSUER.into());
+    jwt.audience = ClaimCheck::Required(JWT_AUDIENCE.into());
     tokio::spawn(berth_control_plane::serve(
         jwt_listener,
         replica("replica-jwt", AuthConfig::Jwt(jwt)),
@@ -223,9 +227,17 @@ impl tonic::service::Interceptor for Creds {
 pub fn jwt(sub: &str, expires_in_secs: i64, extra: serde_json::Value) -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() as i64;
     // The harness node offers only `local`: every test JWT is granted it.
-    let mut claims = serde_json::json!({ "sub": sub, "exp": now + expires_in_secs, "berth_backends": ["local"] });
+    let mut claims = serde_json::json!({
+        "sub": sub,
+        "exp": now + expires_in_secs,
+        "iss": JWT_ISSUER,
+        "aud": JWT_AUDIENCE,
+        "berth/backends": ["local"],
+    });
     if let (Some(claims), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
         claims.extend(extra.clone());
+        // `null` in `extra` removes the claim.
+        claims.retain(|_, value| !value.is_null());
     }
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),

@@ -60,8 +60,12 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let tokens = dir.path().join("tokens.toml");
         std::fs::write(&tokens, TOKENS).unwrap();
-        let secret = dir.path().join("node.secret");
-        std::fs::write(&secret, format!("{:032x}\n", rand::random::<u128>())).unwrap();
+        // Per-node credentials: the replica's key and this node's own credential.
+        let key_file = dir.path().join("node-credential.key");
+        std::fs::write(&key_file, format!("{:032x}\n", rand::random::<u128>())).unwrap();
+        let key = berth_proto::credentials::NodeCredentialKey::from_file(&key_file).unwrap();
+        let credential_file = dir.path().join("node-policy.credential");
+        std::fs::write(&credential_file, key.node_credential("node-policy").secret().expose()).unwrap();
         let prefix = format!("/berth-policy-{:016x}", rand::random::<u64>());
         let mut args: Vec<String> = [
             "control-plane",
@@ -75,8 +79,8 @@ impl Stack {
             "token",
             "--tokens-file",
             &tokens.display().to_string(),
-            "--node-secret-file",
-            &secret.display().to_string(),
+            "--node-credential-key-file",
+            &key_file.display().to_string(),
         ]
         .map(str::to_owned)
         .to_vec();
@@ -90,8 +94,8 @@ impl Stack {
             &dir.path().join("node").display().to_string(),
             "--node-id",
             "node-policy",
-            "--node-secret-file",
-            &secret.display().to_string(),
+            "--node-credential-file",
+            &credential_file.display().to_string(),
         ]
         .map(str::to_owned)
         .to_vec();
@@ -147,7 +151,7 @@ async fn a_plain_user_cannot_pick_local_and_lands_in_the_sandbox() {
     let refused = stack.session(MALLORY, "coder", "local").await.expect_err("mallory got a local workspace");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(
-        refused.message().contains("berth_backends") && refused.message().contains("backends = [\"local\"]"),
+        refused.message().contains("berth/backends") && refused.message().contains("backends = [\"local\"]"),
         "the refusal must name the grant: {}",
         refused.message()
     );

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use berth_control_plane::auth::AuthConfig;
-use berth_control_plane::auth::jwt::{JwtConfig, JwtKey};
+use berth_control_plane::auth::jwt::{ClaimCheck, JwtConfig, JwtKey};
 use berth_control_plane::registry::etcd::{EtcdConfig, EtcdRegistry};
 use berth_control_plane::{ControlPlaneConfig, IsolationPolicy};
 use berth_proto::auth::Secret;
+use berth_proto::credentials::NodeCredentialKey;
 use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
@@ -18,9 +19,24 @@ use super::flags::{default_id, parse_duration, shutdown_on_signal, split_list};
 /// Flags of `berth control-plane`.
 #[derive(Debug, Args)]
 pub struct ControlPlaneArgs {
-    /// etcd endpoints, comma-separated or repeated.
+    /// etcd endpoints, comma-separated or repeated (`https://` with --etcd-ca).
     #[arg(long, env = "BERTH_ETCD", required = true, value_delimiter = ',')]
     pub etcd: Vec<String>,
+    /// CA (PEM) of etcd's server certificates: etcd over TLS.
+    #[arg(long, env = "BERTH_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) this replica presents to etcd (etcd's --client-cert-auth)…
+    #[arg(long, env = "BERTH_ETCD_CERT", requires = "etcd_key", requires = "etcd_ca")]
+    pub etcd_cert: Option<PathBuf>,
+    /// …and its key.
+    #[arg(long, env = "BERTH_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (etcd authentication), with its password in --etcd-password-file.
+    #[arg(long, env = "BERTH_ETCD_USER", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(long, env = "BERTH_ETCD_PASSWORD_FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
     /// Address to serve gRPC on.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: String,
@@ -30,10 +46,22 @@ pub struct ControlPlaneArgs {
     /// URL other processes reach this replica at (default: http://<listen address>).
     #[arg(long, env = "BERTH_ADVERTISE")]
     pub advertise: Option<String>,
-    /// File holding the secret node agents and replicas present to each other (needed when
-    /// listening beyond loopback).
-    #[arg(long, env = "BERTH_NODE_SECRET_FILE")]
-    pub node_secret_file: Option<PathBuf>,
+    /// File holding the key every node's own credential is derived from (make one node's
+    /// with `berth node-credential`); nodes never hold it. Needed beyond loopback.
+    #[arg(long, env = "BERTH_NODE_CREDENTIAL_KEY_FILE", conflicts_with = "shared_node_secret_file")]
+    pub node_credential_key_file: Option<PathBuf>,
+    /// Loopback development only: one secret shared by every replica and node, with no
+    /// per-node identity (any holder may register as any node). Refused beyond loopback.
+    #[arg(long, env = "BERTH_SHARED_NODE_SECRET_FILE")]
+    pub shared_node_secret_file: Option<PathBuf>,
+    /// Serve plaintext gRPC on a non-loopback --listen: bearer tokens and node credentials
+    /// cross the network readable. Without it such a listener needs --tls-cert/--tls-key.
+    #[arg(long, env = "BERTH_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
+    /// Migration aid: accept --shared-node-secret-file on a non-loopback --listen, although
+    /// every holder of that secret can then act as any node. Move to per-node credentials.
+    #[arg(long, env = "BERTH_INSECURE_SHARED_NODE_SECRET", requires = "shared_node_secret_file")]
+    pub insecure_shared_node_secret: bool,
     /// Cluster CA (PEM) that signed node agents' certificates, for https:// nodes.
     #[arg(long, env = "BERTH_NODE_CA_CERT")]
     pub node_ca_cert: Option<PathBuf>,
@@ -111,12 +139,25 @@ pub struct ReplicaFlags {
     /// PEM RSA or EC public key for RS256 / ES256 (--auth jwt).
     #[arg(long, env = "BERTH_JWT_PUBLIC_KEY_FILE")]
     pub jwt_public_key_file: Option<PathBuf>,
-    /// Required `iss` of JWTs.
-    #[arg(long, env = "BERTH_JWT_ISSUER")]
+    /// The `iss` every JWT must carry (--auth jwt needs it or --jwt-any-issuer).
+    #[arg(long, env = "BERTH_JWT_ISSUER", conflicts_with = "jwt_any_issuer")]
     pub jwt_issuer: Option<String>,
-    /// Required `aud` of JWTs.
-    #[arg(long, env = "BERTH_JWT_AUDIENCE")]
+    /// Accept JWTs of any issuer signed with the key (no `iss` check).
+    #[arg(long, env = "BERTH_JWT_ANY_ISSUER")]
+    pub jwt_any_issuer: bool,
+    /// The `aud` every JWT must carry (--auth jwt needs it or --jwt-any-audience).
+    #[arg(long, env = "BERTH_JWT_AUDIENCE", conflicts_with = "jwt_any_audience")]
     pub jwt_audience: Option<String>,
+    /// Accept JWTs meant for any audience signed with the key (no `aud` check).
+    #[arg(long, env = "BERTH_JWT_ANY_AUDIENCE")]
+    pub jwt_any_audience: bool,
+    /// Longest a JWT may be valid (`exp` - `iat`, or `exp` - now without `iat`).
+    #[arg(long, env = "BERTH_JWT_MAX_LIFETIME", default_value = "24h", value_parser = parse_duration)]
+    pub jwt_max_lifetime: Duration,
+    /// Also read the older un-namespaced claims `admin`, `act_for_users` and
+    /// `berth_backends` (without it a token carrying one is refused, naming `berth/…`).
+    #[arg(long, env = "BERTH_JWT_LEGACY_CLAIMS")]
+    pub jwt_legacy_claims: bool,
     /// Clock skew tolerated on JWT expiry.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub jwt_leeway: Duration,
@@ -169,9 +210,16 @@ impl ReplicaFlags {
                     _ => anyhow::bail!("--auth jwt needs --jwt-secret-file or --jwt-public-key-file"),
                 };
                 let mut jwt = JwtConfig::new(key);
-                jwt.issuer = self.jwt_issuer.clone();
-                jwt.audience = self.jwt_audience.clone();
+                let check = |value: &Option<String>, any: bool| match (value, any) {
+                    (Some(value), _) => ClaimCheck::Required(value.clone()),
+                    (None, true) => ClaimCheck::Waived,
+                    (None, false) => ClaimCheck::Unset,
+                };
+                jwt.issuer = check(&self.jwt_issuer, self.jwt_any_issuer);
+                jwt.audience = check(&self.jwt_audience, self.jwt_any_audience);
                 jwt.leeway = self.jwt_leeway;
+                jwt.max_lifetime = self.jwt_max_lifetime;
+                jwt.legacy_claims = self.jwt_legacy_claims;
                 Ok(AuthConfig::Jwt(jwt))
             }
         }
@@ -207,8 +255,16 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     args.common.apply(&mut config)?;
     args.snapshots.apply_to_replica(&mut config, args.snapshots.snapshot_store.clone());
     config.advertise_address = args.advertise.unwrap_or_default();
+    config.node_credential_key = args
+        .node_credential_key_file
+        .as_deref()
+        .map(NodeCredentialKey::from_file)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     config.node_secret =
-        args.node_secret_file.as_deref().map(Secret::from_file).transpose().map_err(anyhow::Error::msg)?;
+        args.shared_node_secret_file.as_deref().map(Secret::from_file).transpose().map_err(anyhow::Error::msg)?;
+    config.insecure_plaintext = args.insecure_plaintext;
+    config.insecure_shared_node_secret = args.insecure_shared_node_secret;
     config.node_tls = args.node_ca_cert.map(|ca| ClientTls {
         ca,
         identity: match (args.node_client_cert, args.node_client_key) {
@@ -219,19 +275,31 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     });
     config.validate().map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
     let endpoints = split_list(&args.etcd);
-    let registry = EtcdRegistry::connect(EtcdConfig::new(endpoints.clone()))
-        .await
-        .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
+    let mut etcd = EtcdConfig::new(endpoints.clone());
+    etcd.tls = args.etcd_ca.map(|ca| ClientTls {
+        ca,
+        identity: match (args.etcd_cert, args.etcd_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            _ => None,
+        },
+        domain: None,
+    });
+    if let (Some(user), Some(path)) = (args.etcd_user, args.etcd_password_file) {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let password = text.trim_end_matches(['\n', '\r']);
+        anyhow::ensure!(!password.is_empty(), "--etcd-password-file {} is empty", path.display());
+        etcd.user = Some((user, Secret::new(password)));
+    }
+    let registry =
+        EtcdRegistry::connect(etcd).await.with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let scheme = if config.tls.is_some() { "https" } else { "http" };
     let own_endpoint = format!("{scheme}://{}", listener.local_addr()?);
     let gateway =
-        args.gateway.prepare(&config.replica_id, &config.key_prefix, config.node_secret.as_ref(), own_endpoint).await?;
+        args.gateway.prepare(&config.replica_id, &config.key_prefix, &config.node_auth(), own_endpoint).await?;
     let shutdown = shutdown_on_signal();
-    if let Some(listen) = &args.telemetry.metrics_listen {
-        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
-    }
+    args.telemetry.serve_metrics(shutdown.clone()).await?;
     // The gateway stops after the replica, so calls the replica forwarded to it finish.
     let gateway_shutdown = CancellationToken::new();
     let gateway_task = gateway.map(|gateway| gateway.spawn(gateway_shutdown.clone()));

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use berth_control_plane::auth::NodeAuth;
 use berth_node_agent::NodeAgentConfig;
-use berth_proto::auth::Secret;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +45,7 @@ impl GatewayFlags {
         &self,
         replica_id: &str,
         key_prefix: &str,
-        node_secret: Option<&Secret>,
+        node_auth: &NodeAuth,
         replica_endpoint: String,
     ) -> anyhow::Result<Option<Gateway>> {
         let backends = split_list(&self.gateway_backends);
@@ -62,7 +62,12 @@ impl GatewayFlags {
         let mut config = NodeAgentConfig::new(format!("{replica_id}-gateway"), data_dir);
         config.backends = backends;
         config.cloud = self.cloud.config(key_prefix);
-        config.node_secret = node_secret.cloned();
+        // The replica derives the gateway's own credential as it would any node's.
+        match node_auth {
+            NodeAuth::Open => {}
+            NodeAuth::Shared(secret) => config.node_secret = Some(secret.clone()),
+            NodeAuth::Keyed(key) => config.node_credential = Some(key.node_credential(&config.node_id)),
+        }
         config.control_planes = vec![replica_endpoint];
         let listener = tokio::net::TcpListener::bind(&self.gateway_listen)
             .await

@@ -8,6 +8,7 @@ use berth_node_agent::NodeAgentConfig;
 use berth_node_agent::config::{CgroupPolicy, UidRange};
 use berth_node_agent::limits::{Bound, NodeLimits};
 use berth_proto::auth::Secret;
+use berth_proto::credentials::NodeCredential;
 use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::Args;
 
@@ -33,10 +34,23 @@ pub struct NodeAgentArgs {
     /// Unique id of this node (default: derived from the hostname).
     #[arg(long, env = "BERTH_NODE_ID")]
     pub node_id: Option<String>,
-    /// File holding the secret replicas must present (and heartbeats carry); needed when
-    /// listening beyond loopback unless --client-ca-cert is given.
-    #[arg(long, env = "BERTH_NODE_SECRET_FILE")]
-    pub node_secret_file: Option<PathBuf>,
+    /// File holding this node's own credential (`berth node-credential` makes it from the
+    /// replicas' key): heartbeats carry it, and it gives the one replica credential this
+    /// agent accepts. Needed beyond loopback.
+    #[arg(long, env = "BERTH_NODE_CREDENTIAL_FILE", conflicts_with = "shared_node_secret_file")]
+    pub node_credential_file: Option<PathBuf>,
+    /// Loopback development only: the secret shared by every replica and node (no per-node
+    /// identity). Refused beyond loopback.
+    #[arg(long, env = "BERTH_SHARED_NODE_SECRET_FILE")]
+    pub shared_node_secret_file: Option<PathBuf>,
+    /// Serve plaintext gRPC on a non-loopback --listen: the replica credential and workspace
+    /// traffic cross the network readable. Without it such a listener needs --tls-cert/--tls-key.
+    #[arg(long, env = "BERTH_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
+    /// Migration aid: accept --shared-node-secret-file on a non-loopback --listen, although
+    /// every holder of that secret can then act as any node. Move to per-node credentials.
+    #[arg(long, env = "BERTH_INSECURE_SHARED_NODE_SECRET", requires = "shared_node_secret_file")]
+    pub insecure_shared_node_secret: bool,
     /// Serve the node agent over TLS with this certificate (PEM)…
     #[arg(long, env = "BERTH_NODE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -250,8 +264,15 @@ pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     config.cloud = args.common.cloud.config(&args.key_prefix);
     config.control_planes = split_list(&args.control_planes).into_iter().map(|url| with_scheme(&url)).collect();
     config.advertise_address = args.advertise.unwrap_or_default();
+    config.node_credential = args
+        .node_credential_file
+        .as_deref()
+        .map(|path| NodeCredential::from_file(path, &config.node_id))
+        .transpose()?;
     config.node_secret =
-        args.node_secret_file.as_deref().map(Secret::from_file).transpose().map_err(anyhow::Error::msg)?;
+        args.shared_node_secret_file.as_deref().map(Secret::from_file).transpose().map_err(anyhow::Error::msg)?;
+    config.insecure_plaintext = args.insecure_plaintext;
+    config.insecure_shared_node_secret = args.insecure_shared_node_secret;
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(TlsFiles { cert, key });
     }
@@ -260,9 +281,7 @@ pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();
-    if let Some(listen) = &args.telemetry.metrics_listen {
-        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
-    }
+    args.telemetry.serve_metrics(shutdown.clone()).await?;
     berth_node_agent::serve(listener, config, shutdown).await.context("node agent")?;
     Ok(0)
 }

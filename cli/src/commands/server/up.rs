@@ -8,7 +8,7 @@ use anyhow::Context;
 use berth_control_plane::ControlPlaneConfig;
 use berth_control_plane::registry::embedded::{EmbeddedConfig, EmbeddedRegistry};
 use berth_node_agent::NodeAgentConfig;
-use berth_proto::auth::Secret;
+use berth_proto::credentials::NodeCredentialKey;
 use berth_proto::tls::ClientTls;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
@@ -50,10 +50,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
         format!("file://{}", absolute.join("snapshots").display())
     }));
     args.snapshots.apply_to_replica(&mut replica, snapshot_store.clone());
-    // The in-process node agent and the replica share a fresh secret: nothing else on the
-    // machine can call the node agent or register a node, whatever --auth says.
-    let node_secret = Secret::random();
-    replica.node_secret = Some(node_secret.clone());
+    // A fresh node credential key: the in-process node agent gets its own credential from
+    // it, exactly as in a cluster; nothing else on the machine can call the node agent or
+    // register a node, whatever --auth says.
+    let node_key = NodeCredentialKey::random();
+    replica.node_credential_key = Some(node_key.clone());
     replica.validate().map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
 
     let listener =
@@ -72,7 +73,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     if matches!(replica.auth, berth_control_plane::auth::AuthConfig::None) {
         node.allow_unsandboxed = true;
     }
-    node.node_secret = Some(node_secret);
+    node.node_credential = Some(node_key.node_credential(&node.node_id));
     let scheme = if replica.tls.is_some() { "https" } else { "http" };
     node.control_planes = vec![format!("{scheme}://{public}")];
     if let Some(tls) = &replica.tls {
@@ -88,9 +89,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let registry = EmbeddedRegistry::open(&data_dir.join("registry.journal"), EmbeddedConfig::default())
         .with_context(|| format!("opening the registry journal in {}", data_dir.display()))?;
     let shutdown = shutdown_on_signal();
-    if let Some(listen) = &args.telemetry.metrics_listen {
-        crate::telemetry::serve_metrics(listen, shutdown.clone()).await?;
-    }
+    args.telemetry.serve_metrics(shutdown.clone()).await?;
     // The node agent stops after the control plane so in-flight forwarded calls finish.
     let node_shutdown = CancellationToken::new();
     let node_task = tokio::spawn(berth_node_agent::serve(node_listener, node, node_shutdown.clone()));

@@ -65,7 +65,7 @@ impl AdminApi {
                 let id = berth_workspace::WorkspaceId::new(&workspace.workspace_id)?;
                 let record =
                     self.store.load(&id).await?.ok_or_else(|| ControlPlaneError::WorkspaceNotFound(id.to_string()))?;
-                let mut client = self.nodes.get(&node.address)?;
+                let mut client = self.nodes.get(&node.node_id, &node.address)?;
                 let request = v1::SnapshotRequest { workspace_id: id.to_string() };
                 let taken =
                     client.snapshot(node_request(request, record.generation, migration.snapshot_timeout)).await?;

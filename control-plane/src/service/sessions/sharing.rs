@@ -63,7 +63,7 @@ impl Sessions {
             // Nothing to change: free the lock, answer with the record as it is.
             _ => {
                 self.store.release_lock(workspace_id, fence).await;
-                return Ok(self.workspace_to_proto(&record));
+                return Ok(self.workspace_for(caller, &record));
             }
         }
         record.updated_at_ms = now_ms();
@@ -72,6 +72,6 @@ impl Sessions {
         // Read back into this replica's view, so a revocation holds here at once (other
         // replicas follow through their watch within moments).
         let fresh = self.store.load(workspace_id).await?;
-        Ok(self.workspace_to_proto(fresh.as_ref().unwrap_or(&record)))
+        Ok(self.workspace_for(caller, fresh.as_ref().unwrap_or(&record)))
     }
 }

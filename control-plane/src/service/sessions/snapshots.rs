@@ -43,7 +43,7 @@ impl Sessions {
         if !node.snapshots {
             return Err(ControlPlaneError::SnapshotsDisabled { what: format!("node {}", node.node_id) });
         }
-        let mut client = self.nodes.get(&node.address)?;
+        let mut client = self.nodes.get(&node.node_id, &node.address)?;
         let request = v1::SnapshotRequest { workspace_id: workspace_id.to_string() };
         let taken =
             client.snapshot(node_request(request, record.generation, self.snapshot_timeout)).await?.into_inner();
