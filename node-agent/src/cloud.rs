@@ -5,6 +5,7 @@
 
 use berth_workspace::{BackendDriverRef, WorkspaceError};
 
+pub use berth_backend_daytona::DaytonaConfig;
 pub use berth_backend_e2b::E2bConfig;
 
 /// Settings of the cloud backends this node may offer.
@@ -16,16 +17,18 @@ pub struct CloudConfig {
     pub key_prefix: String,
     /// `--backend e2b`: E2B (`--e2b-*` flags).
     pub e2b: Option<berth_backend_e2b::E2bConfig>,
+    /// `--backend daytona`: Daytona (`--daytona-*` flags).
+    pub daytona: Option<berth_backend_daytona::DaytonaConfig>,
 }
 
 impl Default for CloudConfig {
     fn default() -> Self {
-        Self { key_prefix: "/berth".to_owned(), e2b: None }
+        Self { key_prefix: "/berth".to_owned(), e2b: None, daytona: None }
     }
 }
 
 /// Cloud backend names this build knows.
-pub const CLOUD_BACKENDS: &[&str] = &[berth_backend_e2b::BACKEND_NAME];
+pub const CLOUD_BACKENDS: &[&str] = &[berth_backend_e2b::BACKEND_NAME, berth_backend_daytona::BACKEND_NAME];
 
 /// The driver of cloud backend `name`, or `None` when `name` is not a cloud backend.
 pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRef, WorkspaceError>> {
@@ -38,6 +41,17 @@ pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRe
             Some(e2b) => {
                 let e2b = berth_backend_e2b::E2bConfig { cluster_prefix: config.key_prefix.clone(), ..e2b.clone() };
                 berth_backend_e2b::E2bDriver::new(e2b).map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
+            }
+        }),
+        berth_backend_daytona::BACKEND_NAME => Some(match &config.daytona {
+            None => missing("--daytona-api-key-file"),
+            Some(daytona) => {
+                let daytona = berth_backend_daytona::DaytonaConfig {
+                    cluster_prefix: config.key_prefix.clone(),
+                    ..daytona.clone()
+                };
+                berth_backend_daytona::DaytonaDriver::new(daytona)
+                    .map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
             }
         }),
         _ => None,
