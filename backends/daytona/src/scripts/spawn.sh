@@ -29,6 +29,7 @@ if [ ! -d "$W/$R" ]; then
 	[ ! -e "$W/$R" ] || berth_fail notdir
 	berth_fail notfound
 fi
+cd -- "$W/$R" || berth_fail notfound
 case $1 in
 */*)
 	[ -f "$1" ] && [ -x "$1" ] || berth_fail noprogram
@@ -58,7 +59,6 @@ exec 3<&0
 	done >"$dir/in"
 ) <&3 &
 feeder=$!
-cd -- "$W/$R" || berth_fail notfound
 launcher=
 command -v setsid >/dev/null 2>&1 && launcher=setsid
 BERTH_EXEC_ID=$nonce $launcher "$@" <"$dir/in" >"$dir/out" 2>"$dir/err" 3<&- &
