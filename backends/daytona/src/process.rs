@@ -146,7 +146,14 @@ pub async fn spawn(toolbox: &Toolbox, spawn_script: &str, launch: Launch) -> Res
     let (stderr_sender, stderr_receiver) = mpsc::channel(CHANNEL_CHUNKS);
     let (exit_sender, exit) = watch::channel(None);
     let tracker = Arc::new(Tracker { pid: watch::channel(None).0, killed: Default::default() });
-    let process = Arc::new(Remote { toolbox: toolbox.clone(), dir, session, command_id, nonce });
+    let process = Arc::new(Remote {
+        toolbox: toolbox.clone(),
+        stdin_written: tokio::sync::Notify::new(),
+        dir,
+        session,
+        command_id,
+        nonce,
+    });
     tokio::spawn(pump(process.clone(), tracker.clone(), handshake_sender, stdout_sender, stderr_sender, exit_sender));
     let mut control = DaytonaControl { process: process.clone(), tracker, exit, finished: false };
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
@@ -196,6 +203,9 @@ pub async fn spawn(toolbox: &Toolbox, spawn_script: &str, launch: Launch) -> Res
 /// One spawned process's handles in the sandbox.
 struct Remote {
     toolbox: Toolbox,
+    /// Woken when stdin was written: an answer is likely soon, so the next poll is not
+    /// left to the idle backoff.
+    stdin_written: tokio::sync::Notify,
     /// Its directory (`out`, `err`, `in`, `pid`, `status`, `fail`).
     dir: String,
     /// The toolbox session running the wrapper, and the wrapper's command id.
@@ -295,8 +305,10 @@ async fn pump(
         if fresh {
             pause = FIRST_POLL_PAUSE;
         } else {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_POLL_PAUSE);
+            tokio::select! {
+                () = tokio::time::sleep(pause) => pause = (pause * 2).min(MAX_POLL_PAUSE),
+                () = process.stdin_written.notified() => pause = FIRST_POLL_PAUSE,
+            }
         }
     };
     if let Some(sender) = handshake.take() {
@@ -323,6 +335,7 @@ async fn feed_stdin(process: Arc<Remote>, mut pipe: tokio::io::DuplexStream) {
                     // The process is gone: the writer sees a broken pipe.
                     return;
                 }
+                process.stdin_written.notify_one();
             }
         }
     }

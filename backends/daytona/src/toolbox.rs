@@ -82,7 +82,24 @@ impl Toolbox {
     }
 
     pub fn fail(&self, what: &str, failure: Failure) -> WorkspaceError {
-        failure.into_error(&format!("{what} (sandbox {})", self.sandbox_id), &self.credential)
+        let what = format!("{what} (sandbox {})", self.sandbox_id);
+        // A stopped (or stopping, deleted) sandbox's toolbox cannot answer: the sandbox is
+        // unavailable until a provision starts it, whatever status the proxy chose.
+        if let Failure::Status(refusal) = &failure {
+            let lower = refusal.message.to_ascii_lowercase();
+            if refusal.status.is_client_error()
+                && !matches!(refusal.status.as_u16(), 401 | 403)
+                && ["not started", "is stopped", "not running", "no such sandbox"]
+                    .iter()
+                    .any(|hint| lower.contains(hint))
+            {
+                return WorkspaceError::BackendUnavailable {
+                    backend: BACKEND_NAME,
+                    reason: format!("{what}: the sandbox is not started: {}", refusal.message),
+                };
+            }
+        }
+        failure.into_error(&what, &self.credential)
     }
 
     async fn send(
