@@ -15,20 +15,12 @@ use serde_json::{Value, json};
 use berth_e2b_emulator::Fault;
 use berth_e2b_emulator::platform::form_decode;
 
-use super::server::{empty, json_ok};
+use super::reply::{empty, error, json_ok};
 use super::state::{ApiError, State};
 
 /// Largest page a list answers.
 const MAX_LIMIT: usize = 200;
 const DEFAULT_LIMIT: usize = 100;
-
-pub fn error(status: u16, message: &str) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_ok(
-        status,
-        &json!({"statusCode": status.as_u16(), "message": message, "error": status.canonical_reason().unwrap_or("")}),
-    )
-}
 
 fn string_map(value: Option<&Value>) -> Result<BTreeMap<String, String>, ApiError> {
     let mut map = BTreeMap::new();

@@ -21,9 +21,8 @@ use serde_json::{Value, json};
 use berth_e2b_emulator::platform::form_decode;
 use berth_e2b_emulator::vfs::{FsError, Vfs};
 
-use super::api::error;
 use super::multipart;
-use super::server::{empty, json_ok};
+use super::reply::{empty, error, json_ok};
 use super::state::Sandbox;
 
 /// Largest bulk upload the emulator buffers.

@@ -14,6 +14,7 @@
 pub mod api;
 pub mod files;
 pub mod multipart;
+pub mod reply;
 pub mod server;
 pub mod state;
 pub mod toolbox;

@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use berth_e2b_emulator::{Fault, FaultTarget};
 
-use super::api::{self, error};
+use super::api;
+use super::reply::error;
 use super::state::{Phase, State, StateConfig};
 use super::toolbox;
 
@@ -196,18 +197,4 @@ async fn handler(AxumState(state): AxumState<Arc<State>>, request: Request) -> R
         Ok(response) => response,
         Err(refusal) => error(refusal.status, &refusal.message),
     }
-}
-
-/// The JSON answer of a successful call.
-pub fn json_ok(status: StatusCode, value: &serde_json::Value) -> Response {
-    let mut response = Response::new(axum::body::Body::from(value.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    response
-}
-
-pub fn empty(status: StatusCode) -> Response {
-    let mut response = Response::new(axum::body::Body::empty());
-    *response.status_mut() = status;
-    response
 }

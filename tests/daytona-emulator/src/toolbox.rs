@@ -25,9 +25,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use berth_e2b_emulator::jail::{command_in, inner_process, process_env};
 use berth_e2b_emulator::vfs::{HOME, Vfs};
 
-use super::api::error;
 use super::files;
-use super::server::{empty, json_ok};
+use super::reply::{empty, error, json_ok};
 use super::state::{Sandbox, Session, SessionCommand, kill_session, random};
 
 /// Largest JSON request body of a process call.
