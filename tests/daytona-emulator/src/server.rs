@@ -11,7 +11,6 @@ use axum::Router;
 use axum::body::to_bytes;
 use axum::extract::{Request, State as AxumState};
 use axum::response::Response;
-use http::StatusCode;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
