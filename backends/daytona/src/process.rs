@@ -268,7 +268,7 @@ async fn pump(
             _ => {
                 // "starting" / "gone": the wrapper has not got far yet — or died.
                 polls_without_wrapper += 1;
-                if polls_without_wrapper % 8 == 0
+                if polls_without_wrapper.is_multiple_of(8)
                     && let Ok(Some(code)) = process.toolbox.command_exit(&process.session, &process.command_id).await
                 {
                     let reason = format!("the wrapper ended with {code} before the process started");

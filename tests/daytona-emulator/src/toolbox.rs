@@ -165,10 +165,11 @@ fn session_json(id: &str, session: &Session) -> Value {
     json!({"sessionId": id, "commands": commands})
 }
 
-fn cwd_of(sandbox: &Sandbox, request: &Value) -> Result<String, Response> {
+/// The request's cwd, or the refusal's message.
+fn cwd_of(sandbox: &Sandbox, request: &Value) -> Result<String, String> {
     let cwd = Vfs::expand(request.get("cwd").and_then(Value::as_str).filter(|cwd| !cwd.is_empty()).unwrap_or(HOME));
     if !sandbox.vfs.is_dir(&cwd) {
-        return Err(error(400, &format!("cwd {cwd} does not exist")));
+        return Err(format!("cwd {cwd} does not exist"));
     }
     Ok(cwd)
 }
@@ -181,7 +182,7 @@ async fn execute(sandbox: &Sandbox, init_pid: u32, request: &Value) -> Response 
     };
     let cwd = match cwd_of(sandbox, request) {
         Ok(cwd) => cwd,
-        Err(response) => return response,
+        Err(message) => return error(400, &message),
     };
     let timeout = request
         .get("timeout")
