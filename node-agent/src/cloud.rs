@@ -6,6 +6,7 @@
 use berth_workspace::{BackendDriverRef, WorkspaceError};
 
 pub use berth_backend_e2b::E2bConfig;
+pub use berth_backend_daytona::DaytonaConfig;
 pub use berth_backend_opensandbox::OpenSandboxConfig;
 
 /// Settings of the cloud backends this node may offer.
@@ -19,16 +20,19 @@ pub struct CloudConfig {
     pub e2b: Option<berth_backend_e2b::E2bConfig>,
     /// `--backend opensandbox`: an OpenSandbox server (`--opensandbox-*` flags).
     pub opensandbox: Option<berth_backend_opensandbox::OpenSandboxConfig>,
+    /// `--backend daytona`: Daytona (`--daytona-*` flags).
+    pub daytona: Option<berth_backend_daytona::DaytonaConfig>,
 }
 
 impl Default for CloudConfig {
     fn default() -> Self {
-        Self { key_prefix: "/berth".to_owned(), e2b: None, opensandbox: None }
+        Self { key_prefix: "/berth".to_owned(), e2b: None, opensandbox: None, daytona: None }
     }
 }
 
 /// Cloud backend names this build knows.
-pub const CLOUD_BACKENDS: &[&str] = &[berth_backend_e2b::BACKEND_NAME, berth_backend_opensandbox::BACKEND_NAME];
+pub const CLOUD_BACKENDS: &[&str] =
+    &[berth_backend_e2b::BACKEND_NAME, berth_backend_opensandbox::BACKEND_NAME, berth_backend_daytona::BACKEND_NAME];
 
 /// The driver of cloud backend `name`, or `None` when `name` is not a cloud backend.
 pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRef, WorkspaceError>> {
@@ -51,6 +55,15 @@ pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRe
                     ..opensandbox.clone()
                 };
                 berth_backend_opensandbox::OpenSandboxDriver::new(opensandbox)
+                    .map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
+            }
+        }),
+        berth_backend_daytona::BACKEND_NAME => Some(match &config.daytona {
+            None => missing("--daytona-api-key-file"),
+            Some(daytona) => {
+                let daytona =
+                    berth_backend_daytona::DaytonaConfig { cluster_prefix: config.key_prefix.clone(), ..daytona.clone() };
+                berth_backend_daytona::DaytonaDriver::new(daytona)
                     .map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
             }
         }),

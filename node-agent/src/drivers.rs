@@ -12,7 +12,14 @@ use berth_workspace::{BackendDriverRef, WorkspaceError};
 use crate::config::NodeAgentConfig;
 
 /// Backend names this build knows (host backends; the cloud ones are in `cloud.rs`).
-pub const KNOWN_BACKENDS: &[&str] = &["local", "bubblewrap", "docker", berth_backend_e2b::BACKEND_NAME];
+pub const KNOWN_BACKENDS: &[&str] = &[
+    "local",
+    "bubblewrap",
+    "docker",
+    berth_backend_e2b::BACKEND_NAME,
+    berth_backend_opensandbox::BACKEND_NAME,
+    berth_backend_daytona::BACKEND_NAME,
+];
 
 /// Builds the drivers named in the config; an unknown name is a configuration error.
 pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDriverRef>, WorkspaceError> {

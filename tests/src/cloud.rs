@@ -198,3 +198,82 @@ impl CloudProvider for OpenSandboxProvider {
         }
     }
 }
+
+/// Daytona, through its emulator (`tests/daytona-emulator`); its sandboxes run under
+/// bubblewrap.
+pub struct DaytonaProvider {
+    pub emulator: berth_daytona_emulator::Emulator,
+    key_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+const DAYTONA_KEY: &str = "daytona-emulated-key-0123456789";
+
+impl DaytonaProvider {
+    pub async fn start() -> anyhow::Result<Self> {
+        let emulator =
+            berth_daytona_emulator::Emulator::start(berth_daytona_emulator::EmulatorConfig::for_test(DAYTONA_KEY))
+                .await?;
+        let dir = tempfile::Builder::new().prefix("berth-daytona-key-").tempdir()?;
+        let key_file = dir.path().join("daytona.key");
+        std::fs::write(&key_file, DAYTONA_KEY)?;
+        Ok(Self { emulator, key_file, _dir: dir })
+    }
+
+    fn driver(&self, key_prefix: &str) -> anyhow::Result<berth_backend_daytona::DaytonaDriver> {
+        let config = berth_backend_daytona::DaytonaConfig {
+            api_url: self.emulator.api_url.clone(),
+            ..berth_backend_daytona::DaytonaConfig::new(&self.key_file, key_prefix)
+        };
+        Ok(berth_backend_daytona::DaytonaDriver::new(config)?)
+    }
+}
+
+#[async_trait]
+impl CloudProvider for DaytonaProvider {
+    fn backend(&self) -> &'static str {
+        berth_backend_daytona::BACKEND_NAME
+    }
+
+    fn node_flags(&self) -> Vec<String> {
+        [
+            "--backend",
+            "daytona",
+            "--daytona-api-key-file",
+            &self.key_file.display().to_string(),
+            "--daytona-api-url",
+            &self.emulator.api_url,
+        ]
+        .iter()
+        .map(|flag| (*flag).to_owned())
+        .collect()
+    }
+
+    async fn sandboxes_of(&self, key_prefix: &str, workspace_id: &str) -> Vec<String> {
+        let prefix = key_prefix.trim_end_matches('/');
+        self.emulator
+            .sandbox_ids()
+            .into_iter()
+            .filter(|id| {
+                self.emulator.labels(id).is_some_and(|labels| {
+                    labels.get(berth_backend_daytona::CLUSTER).map(String::as_str) == Some(prefix)
+                        && labels.get(berth_backend_daytona::WORKSPACE_ID).map(String::as_str) == Some(workspace_id)
+                })
+            })
+            .collect()
+    }
+
+    async fn is_paused(&self, sandbox: &str) -> bool {
+        self.emulator.is_stopped(sandbox).await == Some(true)
+    }
+
+    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
+        let driver = self.driver(key_prefix)?;
+        let id = WorkspaceId::new(workspace_id)?;
+        let root = std::env::temp_dir();
+        let spec = WorkspaceSpec::default();
+        let placement = Placement { generation: 1, owner: "stray", fresh: true };
+        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
+        Ok(())
+    }
+}

@@ -207,3 +207,6 @@ cloud_suite!(e2b, async { Ok(Arc::new(berth_tests::cloud::E2bProvider::start().a
 cloud_suite!(opensandbox, async {
     Ok(Arc::new(berth_tests::cloud::OpenSandboxProvider::start().await?) as Arc<dyn CloudProvider>)
 });
+cloud_suite!(daytona, async {
+    Ok(Arc::new(berth_tests::cloud::DaytonaProvider::start().await?) as Arc<dyn CloudProvider>)
+});

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use berth_node_agent::cloud::{CloudConfig, E2bConfig, OpenSandboxConfig};
+use berth_node_agent::cloud::{CloudConfig, DaytonaConfig, E2bConfig, OpenSandboxConfig};
 use clap::Args;
 
 use super::flags::parse_duration;
@@ -65,6 +65,28 @@ pub struct CloudFlags {
     /// Deadline of one request to the server or a sandbox's execd.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub opensandbox_request_timeout: Duration,
+
+    /// File holding the Daytona API key (`--backend daytona`).
+    #[arg(long, env = "BERTH_DAYTONA_API_KEY_FILE")]
+    pub daytona_api_key_file: Option<PathBuf>,
+    /// Daytona API base URL.
+    #[arg(long, env = "BERTH_DAYTONA_API_URL", default_value = "https://app.daytona.io/api")]
+    pub daytona_api_url: String,
+    /// Daytona organization (sent as `X-Daytona-Organization-ID`; default: the key's own).
+    #[arg(long, env = "BERTH_DAYTONA_ORGANIZATION_ID")]
+    pub daytona_organization_id: Option<String>,
+    /// Daytona snapshot sandboxes are created from (default: Daytona's default snapshot).
+    #[arg(long, env = "BERTH_DAYTONA_SNAPSHOT")]
+    pub daytona_snapshot: Option<String>,
+    /// Daytona's own auto-stop interval in minutes (0: never; Berth stops idle workspaces).
+    #[arg(long, default_value_t = 0)]
+    pub daytona_auto_stop_minutes: u32,
+    /// The workspace root inside Daytona sandboxes (default: `<home>/workspace`).
+    #[arg(long)]
+    pub daytona_workspace_root: Option<String>,
+    /// Deadline of one request to Daytona (its API or a sandbox's toolbox).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub daytona_request_timeout: Duration,
 }
 
 impl CloudFlags {
@@ -90,6 +112,15 @@ impl CloudFlags {
             request_timeout: self.opensandbox_request_timeout,
             ..OpenSandboxConfig::new(url.clone(), key_prefix)
         });
-        CloudConfig { key_prefix: key_prefix.to_owned(), e2b, opensandbox }
+        let daytona = self.daytona_api_key_file.as_ref().map(|key_file| DaytonaConfig {
+            api_url: self.daytona_api_url.clone(),
+            organization_id: self.daytona_organization_id.clone(),
+            snapshot: self.daytona_snapshot.clone(),
+            auto_stop_minutes: self.daytona_auto_stop_minutes,
+            workspace_root: self.daytona_workspace_root.clone(),
+            request_timeout: self.daytona_request_timeout,
+            ..DaytonaConfig::new(key_file, key_prefix)
+        });
+        CloudConfig { key_prefix: key_prefix.to_owned(), e2b, opensandbox, daytona }
     }
 }
