@@ -83,6 +83,7 @@ pub mod ownership;
 pub mod process;
 pub mod program;
 pub mod sandbox;
+pub mod supervised;
 
 pub use backend::BubblewrapBackend;
 pub use cgroup::CgroupPolicy;

@@ -90,10 +90,12 @@ async fn pids_limit_stops_a_fork_bomb() {
     let (first, second) = tokio::join!(sh(&*limited.backend, FORK_20, &[]), sh(&*other.backend, FORK_20, &[]));
     assert_eq!((&first.stdout[..], &second.stdout[..]), (&b"ok\n"[..], &b"ok\n"[..]));
     // With a cgroup, concurrent execs of one workspace share its budget (like one
-    // container); without, each exec has its own RLIMIT_NPROC.
+    // container); so they do under one supervisor (one user namespace, one RLIMIT_NPROC
+    // count); only per-exec sandboxes without a cgroup give each exec its own.
     let (first, second) = tokio::join!(sh(&*limited.backend, FORK_20, &[]), sh(&*limited.backend, FORK_20, &[]));
     let both = &first.stdout[..] == b"ok\n" && &second.stdout[..] == b"ok\n";
-    assert_eq!(both, limited.driver.cgroup_version().is_none(), "{first:?} {second:?}");
+    let own_budgets = limited.driver.cgroup_version().is_none() && !limited.bubblewrap.supervised();
+    assert_eq!(both, own_budgets, "{first:?} {second:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,6 +211,7 @@ async fn exec_latency_report() {
             dir: &config.workspace_dir,
             read_only_files: &[],
             network: false,
+            tmp_per_exec: false,
         },
     );
     direct_args.extend(["--chdir", "/workspace", "--", "true"].map(Into::into));
