@@ -216,13 +216,24 @@ async fn exec_latency_report() {
     );
     direct_args.extend(["--chdir", "/workspace", "--", "true"].map(Into::into));
 
+    let per_exec = bwrap_support::sandbox_with(
+        berth_backend_bubblewrap::BubblewrapConfig { supervisor: false, ..config.clone() },
+        WorkspaceSpec::default(),
+    )
+    .await;
     let mut via_backend = Vec::with_capacity(RUNS);
+    let mut via_per_exec = Vec::with_capacity(RUNS);
     let mut direct_bwrap = Vec::with_capacity(RUNS);
     let mut direct_spawn = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
         let started = std::time::Instant::now();
         let output = sandbox.backend.exec(&ExecSpec::new(vec!["true".into()])).await.unwrap();
         via_backend.push(started.elapsed());
+        assert_eq!(output.exit_code, 0);
+
+        let started = std::time::Instant::now();
+        let output = per_exec.backend.exec(&ExecSpec::new(vec!["true".into()])).await.unwrap();
+        via_per_exec.push(started.elapsed());
         assert_eq!(output.exit_code, 0);
 
         let mut command = tokio::process::Command::new(&config.bwrap_path);
@@ -245,8 +256,10 @@ async fn exec_latency_report() {
         samples[samples.len() / 2]
     };
     eprintln!(
-        "median of {RUNS} runs of `true`: backend exec {:?}, direct bwrap {:?}, direct spawn {:?}",
+        "median of {RUNS} runs of `true`: backend exec {:?} (supervised), {:?} (a sandbox per exec), direct bwrap \
+         {:?}, direct spawn {:?}",
         median(&mut via_backend),
+        median(&mut via_per_exec),
         median(&mut direct_bwrap),
         median(&mut direct_spawn)
     );
