@@ -25,6 +25,5 @@
 //! the same uid cannot ptrace them or open their fds.
 
 pub mod client;
-#[allow(dead_code)]
 mod sys;
 pub mod wire;

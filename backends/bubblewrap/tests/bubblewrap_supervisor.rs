@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use berth_backend_bubblewrap::BubblewrapConfig;
 use berth_testkit::{assert_eventually, sh};
-use berth_workspace::{Backend as _, WorkspaceError, WorkspaceSpec};
+use berth_workspace::{WorkspaceError, WorkspaceSpec};
 use bwrap_support::{host_processes_with, marker, sandbox, sandbox_with, shell, sleepers};
 
 fn per_exec() -> BubblewrapConfig {
