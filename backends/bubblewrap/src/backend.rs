@@ -17,6 +17,7 @@ use super::launch::{DEFAULT_PATH, Launcher};
 use super::network::SandboxNetns;
 use super::process::{LiveProcesses, SandboxProcess};
 use super::program::{self, SandboxView};
+use super::supervised::{self, StartLine, Supervisor, SupervisorImage};
 use berth_backend_host::hostfs::HostFs;
 use berth_workspace::backend::{Backend, ByteStream, FileInfo, SpawnRole, SpawnSpec, Spawned, WriteOptions};
 use berth_workspace::error::{Result, WorkspaceError};
@@ -40,6 +41,9 @@ pub struct BubblewrapBackend {
     users: Option<WorkspaceUsers>,
     /// bwrap options of this workspace up to `--chdir` (built once at provision).
     sandbox_args: Vec<OsString>,
+    /// The same for the supervisor's sandbox: `/tmp` and `/dev/shm` left to the
+    /// supervisor, which mounts fresh ones per exec.
+    supervisor_sandbox_args: Vec<OsString>,
     network: bool,
     /// The workspace's own network namespace (`spec.network`), joined by every sandbox.
     netns: Option<SandboxNetns>,
@@ -50,6 +54,10 @@ pub struct BubblewrapBackend {
     /// The workspace's cgroup (`None`: rlimits only), joined by every sandbox.
     cgroup: Option<WorkspaceCgroup>,
     live: Arc<LiveProcesses>,
+    /// The resident supervisor agent processes start from (`None`: a sandbox per spawn).
+    supervisor: Option<Supervisor>,
+    /// The limits of `limit_args` as setrlimit calls, for the supervisor.
+    rlimits: Vec<berth_supervisor::wire::Rlimit>,
 }
 
 /// What [`BubblewrapBackend::new`] is built from (provision's result).
@@ -59,29 +67,52 @@ pub(super) struct BackendParts {
     pub config: Arc<BubblewrapConfig>,
     pub users: Option<WorkspaceUsers>,
     pub sandbox_args: Vec<OsString>,
+    pub supervisor_sandbox_args: Vec<OsString>,
     pub network: bool,
     pub netns: Option<SandboxNetns>,
     pub limit_args: Vec<String>,
     pub base_env: BTreeMap<String, String>,
     pub cgroup: Option<WorkspaceCgroup>,
+    pub rlimits: Vec<berth_supervisor::wire::Rlimit>,
+    /// Set when agent processes go through a supervisor.
+    pub supervisor_image: Option<Arc<SupervisorImage>>,
 }
 
 impl BubblewrapBackend {
     pub(super) fn new(parts: BackendParts) -> Self {
-        let BackendParts { files, launcher, config, users, sandbox_args, network, netns, limit_args, base_env, cgroup } =
-            parts;
+        let BackendParts {
+            files,
+            launcher,
+            config,
+            users,
+            sandbox_args,
+            supervisor_sandbox_args,
+            network,
+            netns,
+            limit_args,
+            base_env,
+            cgroup,
+            rlimits,
+            supervisor_image,
+        } = parts;
+        let live = Arc::new(LiveProcesses::default());
+        let supervisor = supervisor_image
+            .map(|image| Supervisor::new(image, launcher.clone(), config.supervisor_idle, live.clone()));
         Self {
             files,
             launcher,
             config,
             users,
             sandbox_args,
+            supervisor_sandbox_args,
             network,
             netns,
             limit_args,
             base_env,
             cgroup,
-            live: Arc::new(LiveProcesses::default()),
+            live,
+            supervisor,
+            rlimits,
         }
     }
 
@@ -118,9 +149,24 @@ impl BubblewrapBackend {
         self.live.count()
     }
 
-    /// Kills every sandbox of this workspace still running; returns how many there were.
+    /// Kills every sandbox of this workspace still running, and its supervisor with every
+    /// command in it; returns how many processes there were.
     pub fn kill_all(&self) -> usize {
-        self.live.kill_all()
+        let killed = self.live.kill_all();
+        if let Some(supervisor) = &self.supervisor {
+            supervisor.kill();
+        }
+        killed
+    }
+
+    /// Whether agent processes start from a resident supervisor.
+    pub fn supervised(&self) -> bool {
+        self.supervisor.is_some()
+    }
+
+    /// The host pid of the workspace's supervisor, when one runs.
+    pub async fn supervisor_pid(&self) -> Option<u32> {
+        self.supervisor.as_ref()?.pid().await
     }
 
     /// The env a process starts with: defaults, then the workspace's, then the exec's.
@@ -158,6 +204,23 @@ impl BubblewrapBackend {
         // own view, where a symlink swapped in meanwhile can only reach sandbox paths.
         self.files.resolve_dir(&spec.cwd).await?;
         let env = self.env_for(spec);
+        if let Some(supervisor) = &self.supervisor {
+            // The supervisor reports a missing program exactly (execve's errno), so the
+            // host-side lookup below is not needed.
+            let cwd = spec.cwd.under(&self.launcher.workspace_dir);
+            // bwrap sets PWD to its --chdir; so does the supervised path.
+            let mut env = env;
+            env.insert("PWD".to_owned(), cwd.clone());
+            let request = berth_supervisor::wire::Request {
+                argv: spec.argv.iter().map(|arg| arg.as_bytes().to_vec()).collect(),
+                env: env.iter().map(|(name, value)| format!("{name}={value}").into_bytes()).collect(),
+                cwd: supervised::path_bytes(&cwd),
+                search_path: env.get("PATH").map(|path| path.as_bytes().to_vec()).unwrap_or_default(),
+                rlimits: self.rlimits.clone(),
+                private_tmp_bytes: Some(self.config.tmp_size_bytes),
+            };
+            return supervisor.spawn(&request, || self.supervisor_line(supervisor)).await;
+        }
         let program = &spec.argv[0];
         let view = SandboxView {
             table: &self.launcher.table,
@@ -193,6 +256,22 @@ impl BubblewrapBackend {
         let mut line = self.launcher.host_chain(Some(users.holder), self.joined_cgroup()?, &self.net_prefix());
         line.extend(launch.bwrap_line);
         self.start(line, &launch.env, launch.program_copy)
+    }
+
+    /// The host command line of the workspace's supervisor sandbox: the same chain and
+    /// bwrap options as a per-spawn sandbox, plus the two capabilities the supervisor keeps
+    /// inside it (see [`super::supervised`]), running the supervisor.
+    fn supervisor_line(&self, supervisor: &Supervisor) -> Result<StartLine> {
+        let mut line =
+            self.launcher.host_chain(self.users.map(|users| users.agent), self.joined_cgroup()?, &self.net_prefix());
+        line.extend(self.supervisor_sandbox_args.iter().cloned());
+        for arg in ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--chdir"] {
+            line.push(arg.into());
+        }
+        line.push(self.launcher.workspace_dir.clone().into());
+        line.push("--".into());
+        line.extend(supervisor.program_args());
+        Ok(StartLine { line })
     }
 
     /// The host programs that join the workspace's network namespace (empty without

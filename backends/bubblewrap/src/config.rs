@@ -1,6 +1,7 @@
 //! Settings of the bubblewrap backend, fixed for the life of a driver.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::cgroup::CgroupPolicy;
 use super::identity::{DEFAULT_UID_RANGE, UidRange};
@@ -17,6 +18,8 @@ pub const SANDBOX_INNER_ID: u32 = 1000;
 pub const DEFAULT_TMP_SIZE_BYTES: u64 = 512 * 1024 * 1024;
 /// Process limit when the spec says 0: stops a fork bomb, roomy for builds.
 pub const DEFAULT_PIDS: u32 = 512;
+/// How long an idle supervisor lives on ([`BubblewrapConfig::supervisor_idle`]).
+pub const DEFAULT_SUPERVISOR_IDLE: Duration = Duration::from_secs(30);
 
 /// Host directories bound read-only at the same path, when present. A directory that is a
 /// symlink on the host (merged /usr: `/bin -> usr/bin`) becomes the same symlink inside.
@@ -97,6 +100,14 @@ pub struct BubblewrapConfig {
     /// ([`super::cgroup`]); without one, memory is `RLIMIT_AS` per process and CPU share
     /// is not limited.
     pub cgroups: CgroupPolicy,
+    /// Whether agent processes are started by the workspace's resident supervisor
+    /// ([`super::supervised`]): one sandbox per workspace, built on its first exec, that
+    /// forks each command inside (about the cost of a plain spawn). `false`: every spawn
+    /// builds a fresh sandbox (`--no-supervisor` of the node agent).
+    pub supervisor: bool,
+    /// How long a supervisor with no running command waits before it exits (the next
+    /// spawn starts a fresh one).
+    pub supervisor_idle: Duration,
 }
 
 impl Default for BubblewrapConfig {
@@ -116,6 +127,8 @@ impl Default for BubblewrapConfig {
             default_limits: ResourceLimits::default(),
             network: SandboxNetConfig::default(),
             cgroups: CgroupPolicy::default(),
+            supervisor: true,
+            supervisor_idle: DEFAULT_SUPERVISOR_IDLE,
         }
     }
 }
@@ -160,6 +173,27 @@ impl ResourceLimits {
             file_size_bytes: nonzero_u64(spec.file_size_bytes).or(self.file_size_bytes),
             cpu_time_secs: nonzero_u32(spec.cpu_time_secs).or(self.cpu_time_secs),
         }
+    }
+
+    /// The same limits as `setrlimit` calls (what the supervisor applies); in step with
+    /// [`Self::prlimit_args`].
+    pub fn rlimits(&self) -> Vec<berth_supervisor::wire::Rlimit> {
+        use berth_supervisor::wire::{RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC, Rlimit};
+        let mut limits = Vec::new();
+        let both = |resource, value| Rlimit { resource, soft: value, hard: value };
+        if let Some(bytes) = self.memory_bytes {
+            limits.push(both(RLIMIT_AS, bytes));
+        }
+        if let Some(pids) = self.pids {
+            limits.push(both(RLIMIT_NPROC, u64::from(pids)));
+        }
+        if let Some(bytes) = self.file_size_bytes {
+            limits.push(both(RLIMIT_FSIZE, bytes));
+        }
+        if let Some(secs) = self.cpu_time_secs {
+            limits.push(Rlimit { resource: RLIMIT_CPU, soft: u64::from(secs), hard: u64::from(secs) + 1 });
+        }
+        limits
     }
 
     /// The options for util-linux `prlimit`; empty when nothing is limited.
@@ -211,6 +245,9 @@ impl BubblewrapConfig {
             if !dir.is_absolute() {
                 return Err(invalid(format!("system dir {dir:?} must be absolute")));
             }
+        }
+        if self.supervisor_idle.is_zero() {
+            return Err(invalid("supervisor_idle must be positive".into()));
         }
         if self.tmp_size_bytes == 0 {
             return Err(invalid("tmp_size_bytes must be positive".into()));

@@ -15,6 +15,7 @@ use super::launch::Launcher;
 use super::network::{self, SandboxNetns};
 use super::ownership;
 use super::sandbox::{self, MountTable, WorkspaceMounts};
+use super::supervised::SupervisorImage;
 use berth_backend_host::hostfs::HostFs;
 use berth_backend_host::netns::{Attach, SandboxNetworks};
 use berth_workspace::backend::BackendRef;
@@ -45,6 +46,8 @@ pub struct BubblewrapDriver {
     backends: Mutex<HashMap<WorkspaceId, (PathBuf, Arc<BubblewrapBackend>)>>,
     /// Network namespaces of networked workspaces (see [`network`]).
     networks: SandboxNetworks,
+    /// The supervisor binary (`None`: `config.supervisor` is off).
+    supervisor_image: Option<Arc<SupervisorImage>>,
 }
 
 impl BubblewrapDriver {
@@ -92,7 +95,9 @@ impl BubblewrapDriver {
         });
         let cgroups = detect_cgroups(config.cgroups, uid_range.is_some()).await?;
         let networks = SandboxNetworks::new(config.network.clone(), "bubblewrap");
+        let supervisor_image = if config.supervisor { Some(Arc::new(SupervisorImage::new()?)) } else { None };
         let driver = Self {
+            supervisor_image,
             config: Arc::new(config),
             launcher,
             uid_range,
@@ -123,7 +128,13 @@ impl BubblewrapDriver {
         args.extend(sandbox::bwrap_args(
             &self.config,
             &self.launcher.table,
-            &WorkspaceMounts { root: None, dir: &self.config.workspace_dir, read_only_files: &[], network: false },
+            &WorkspaceMounts {
+                root: None,
+                dir: &self.config.workspace_dir,
+                read_only_files: &[],
+                network: false,
+                tmp_per_exec: false,
+            },
         ));
         args.push("--".into());
         args.push(self.config.prlimit_path.clone().into_os_string());
@@ -311,16 +322,15 @@ impl BubblewrapDriver {
         })
         .await
         .map_err(|error| unavailable(format!("preparing the workspace root failed: {error}")))??;
-        let sandbox_args = sandbox::bwrap_args(
-            &self.config,
-            &self.launcher.table,
-            &WorkspaceMounts {
-                root: Some(files.host_root()),
-                dir: &self.config.workspace_dir,
-                read_only_files: &[],
-                network: context.spec.network,
-            },
-        );
+        let mounts = |tmp_per_exec| WorkspaceMounts {
+            root: Some(files.host_root()),
+            dir: &self.config.workspace_dir,
+            read_only_files: &[],
+            network: context.spec.network,
+            tmp_per_exec,
+        };
+        let sandbox_args = sandbox::bwrap_args(&self.config, &self.launcher.table, &mounts(false));
+        let supervisor_sandbox_args = sandbox::bwrap_args(&self.config, &self.launcher.table, &mounts(true));
         let mut limits = self.config.default_limits.for_spec(context.spec);
         let cgroup = match &self.cgroups {
             Some(cgroups) => {
@@ -349,8 +359,11 @@ impl BubblewrapDriver {
             config: self.config.clone(),
             users,
             sandbox_args,
+            supervisor_sandbox_args,
             network: context.spec.network,
             limit_args: limits.prlimit_args(),
+            rlimits: limits.rlimits(),
+            supervisor_image: self.supervisor_image.clone(),
             base_env: context.spec.env.clone(),
             cgroup,
         }));

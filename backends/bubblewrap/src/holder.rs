@@ -119,8 +119,13 @@ pub(super) async fn prepare(context: &HolderContext<'_>, spec: &SpawnSpec) -> Re
             }
         }
     }
-    let mounts =
-        WorkspaceMounts { root: None, dir: HOLDER_HOME, read_only_files: &read_only_files, network: context.network };
+    let mounts = WorkspaceMounts {
+        root: None,
+        dir: HOLDER_HOME,
+        read_only_files: &read_only_files,
+        network: context.network,
+        tmp_per_exec: false,
+    };
     let mut bwrap_line = bwrap_args(context.config, context.table, &mounts);
     bwrap_line.extend(["--chdir".into(), HOLDER_HOME.into(), "--".into()]);
     if !context.limit_args.is_empty() {

@@ -98,23 +98,39 @@ impl Launcher {
     /// Runs `line` (a [`Self::host_chain`] followed by the rest of bwrap's command line)
     /// with a fixed environment, bwrap reading `sandbox_env` from fd 3, stdio piped.
     pub(super) fn start(&self, line: Vec<OsString>, sandbox_env: &BTreeMap<String, String>) -> Result<Child> {
+        self.start_with(line, sandbox_env, [Stdio::piped(), Stdio::piped(), Stdio::piped()], Vec::new())
+    }
+
+    /// [`Self::start`] with the given stdio and further fds placed at fixed numbers in the
+    /// child (a supervisor's control socket and binary, [`super::supervised`]).
+    pub(super) fn start_with(
+        &self,
+        line: Vec<OsString>,
+        sandbox_env: &BTreeMap<String, String>,
+        stdio: [Stdio; 3],
+        extra_fds: Vec<(std::os::fd::OwnedFd, i32)>,
+    ) -> Result<Child> {
         let (program, args) = line.split_first().ok_or_else(|| WorkspaceError::Backend {
             backend: "bubblewrap",
             message: "empty host command line".into(),
         })?;
         let env_fd = env_memfd(sandbox_env)?;
+        let [stdin, stdout, stderr] = stdio;
         let mut command = Command::new(program);
         command
             .args(args)
             .env_clear()
             .env("PATH", DEFAULT_PATH)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(stderr)
             // SandboxProcess kills the whole group itself; tokio would only reach bwrap.
             .kill_on_drop(false);
-        command.fd_mappings(vec![FdMapping { parent_fd: env_fd, child_fd: ARGS_FD }]).map_err(|error| {
-            WorkspaceError::Backend { backend: "bubblewrap", message: format!("cannot pass the env fd: {error}") }
+        let mut mappings = vec![FdMapping { parent_fd: env_fd, child_fd: ARGS_FD }];
+        mappings.extend(extra_fds.into_iter().map(|(parent_fd, child_fd)| FdMapping { parent_fd, child_fd }));
+        command.fd_mappings(mappings).map_err(|error| WorkspaceError::Backend {
+            backend: "bubblewrap",
+            message: format!("cannot pass fds to the sandbox: {error}"),
         })?;
         command.spawn().map_err(|error| WorkspaceError::BackendUnavailable {
             backend: "bubblewrap",

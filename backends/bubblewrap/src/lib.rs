@@ -1,5 +1,11 @@
-//! The `bubblewrap` backend: workspace files on the host, every process in a fresh
-//! [bubblewrap](https://github.com/containers/bubblewrap) sandbox.
+//! The `bubblewrap` backend: workspace files on the host, processes in
+//! [bubblewrap](https://github.com/containers/bubblewrap) sandboxes.
+//!
+//! By default an agent process is forked inside the workspace's one sandbox by its
+//! resident supervisor ([`supervised`]): the sandbox is built once with the options below
+//! and each command gets the same confinement a fresh sandbox would give it (its own
+//! `/tmp`, its process tree killed at its end). With `BubblewrapConfig::supervisor` off,
+//! and always for secret holders, every process gets a fresh sandbox as described here.
 //!
 //! ```text
 //! let driver = BubblewrapDriver::new(BubblewrapConfig::default()).await?; // probes bwrap
@@ -83,6 +89,7 @@ pub mod ownership;
 pub mod process;
 pub mod program;
 pub mod sandbox;
+pub mod supervised;
 
 pub use backend::BubblewrapBackend;
 pub use cgroup::CgroupPolicy;

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -26,38 +26,61 @@ use berth_workspace::error::{Result, WorkspaceError};
 /// Highest signal number bwrap may fold into an exit status (SIGRTMAX on Linux).
 const MAX_SIGNAL: i32 = 64;
 
-/// The live sandboxes of one workspace, so release/destroy can kill them.
+/// One live process of a workspace.
+#[derive(Debug)]
+enum Live {
+    /// A sandbox of its own: its process group id (= bwrap's pid).
+    Sandbox(Pid),
+    /// A command of the workspace's supervisor ([`super::supervised`]): killing the
+    /// supervisor kills it; the flag tells its `wait` that this was a kill.
+    Supervised(Arc<AtomicBool>),
+}
+
+/// The live sandboxes and supervised commands of one workspace, so release/destroy can
+/// kill them.
 #[derive(Debug, Default)]
 pub struct LiveProcesses {
-    /// Process group ids (= bwrap pids) not yet reaped, by a per-spawn key.
-    groups: Mutex<HashMap<u64, Pid>>,
+    /// Not yet reaped, by a per-spawn key.
+    groups: Mutex<HashMap<u64, Live>>,
     next_key: AtomicU64,
 }
 
 impl LiveProcesses {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Pid>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Live>> {
         // Single inserts and removals: a panic cannot leave the map half-updated.
         self.groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn register(&self, group: Pid) -> u64 {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(key, group);
+        self.lock().insert(key, Live::Sandbox(group));
         key
     }
 
-    fn forget(&self, key: u64) {
+    pub(super) fn register_supervised(&self, killed: Arc<AtomicBool>) -> u64 {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(key, Live::Supervised(killed));
+        key
+    }
+
+    pub(super) fn forget(&self, key: u64) {
         self.lock().remove(&key);
     }
 
-    /// Kills every sandbox still running. A sandbox reaped concurrently may have left the
+    /// Kills every sandbox still running and marks every supervised command killed (the
+    /// caller then kills the supervisor). A sandbox reaped concurrently may have left the
     /// map only after its reap; its pid could then in theory be reused within that window,
     /// which needs the whole pid space to wrap in microseconds.
     pub fn kill_all(&self) -> usize {
         let groups = self.lock();
-        for group in groups.values() {
-            if let Err(error) = kill_tree(*group) {
-                tracing::warn!(group = %group, %error, "could not kill a sandbox");
+        for live in groups.values() {
+            match live {
+                Live::Sandbox(group) => {
+                    if let Err(error) = kill_tree(*group) {
+                        tracing::warn!(group = %group, %error, "could not kill a sandbox");
+                    }
+                }
+                Live::Supervised(killed) => killed.store(true, Ordering::SeqCst),
             }
         }
         groups.len()
@@ -137,7 +160,7 @@ impl Drop for SandboxProcess {
 /// Kills bwrap and its process group. The pid itself first: until `setsid` has run, the
 /// group does not exist yet, and then the pid is all there is (setsid does not fork when,
 /// as here, it is not a group leader).
-fn kill_tree(group: Pid) -> Result<()> {
+pub(super) fn kill_tree(group: Pid) -> Result<()> {
     let leader = kill(group, Signal::SIGKILL);
     let members = killpg(group, Signal::SIGKILL);
     for outcome in [leader, members] {

@@ -112,6 +112,9 @@ pub struct WorkspaceMounts<'a> {
     /// Host files bound read-only at a sandbox path (a secret holder's checked program).
     pub read_only_files: &'a [(PathBuf, String)],
     pub network: bool,
+    /// The sandbox of a resident supervisor: no tmpfs at `/tmp` and `/dev/shm`, only the
+    /// directories; the supervisor mounts fresh ones there for each exec.
+    pub tmp_per_exec: bool,
 }
 
 /// The bwrap options that build a workspace's sandbox, up to (not including) `--chdir`
@@ -161,25 +164,14 @@ pub fn bwrap_args(config: &BubblewrapConfig, table: &MountTable, workspace: &Wor
             }
         }
     }
-    push(
-        &mut args,
-        &[
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--size",
-            &tmp_size,
-            "--tmpfs",
-            "/dev/shm",
-            "--remount-ro",
-            "/dev",
-            "--size",
-            &tmp_size,
-            "--tmpfs",
-            "/tmp",
-        ],
-    );
+    push(&mut args, &["--proc", "/proc", "--dev", "/dev"]);
+    if workspace.tmp_per_exec {
+        // bwrap's --dev has a /dev/shm directory already.
+        push(&mut args, &["--remount-ro", "/dev", "--dir", "/tmp"]);
+    } else {
+        push(&mut args, &["--size", &tmp_size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]);
+        push(&mut args, &["--size", &tmp_size, "--tmpfs", "/tmp"]);
+    }
     match workspace.root {
         Some(root) => {
             args.push("--bind".into());
@@ -224,7 +216,13 @@ mod tests {
             ],
         };
         let root = Path::new("/data/ws-1");
-        let mounts = |network| WorkspaceMounts { root: Some(root), dir: "/workspace", read_only_files: &[], network };
+        let mounts = |network| WorkspaceMounts {
+            root: Some(root),
+            dir: "/workspace",
+            read_only_files: &[],
+            network,
+            tmp_per_exec: false,
+        };
         let args = bwrap_args(&config, &table, &mounts(false));
         let joined = args.iter().map(|arg| arg.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
         assert!(joined.starts_with("--unshare-all --unshare-user --disable-userns --die-with-parent"), "{joined}");

@@ -23,8 +23,18 @@ use tempfile::TempDir;
 /// Suite fixture: the root at `<tmp>/ws`, seen inside as `/sandbox/ws` with `<tmp>`
 /// bound read-write at `/sandbox`, so the root's parent exists, is writable and is private
 /// to the test (the escape corpus plants its victim file there). Production sandboxes
-/// mount nothing above `/workspace`.
+/// mount nothing above `/workspace`. Agent processes come from the workspace's resident
+/// supervisor (the default).
 async fn suite_fixture() -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
+    suite_fixture_with(true).await
+}
+
+/// The same with a fresh sandbox per spawn (`--no-supervisor`).
+async fn per_exec_suite_fixture() -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
+    suite_fixture_with(false).await
+}
+
+async fn suite_fixture_with(supervisor: bool) -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
     let dir = tempfile::Builder::new().prefix("berth-bwrap-suite-").tempdir().expect("create a temp dir");
     let root = dir.path().join("ws");
     std::fs::create_dir(&root).expect("create the workspace root");
@@ -35,6 +45,7 @@ async fn suite_fixture() -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
             sandbox_path: "/sandbox".into(),
             writable: true,
         }],
+        supervisor,
         ..BubblewrapConfig::default()
     };
     let driver = Arc::new(bwrap_support::driver(config).await);
@@ -54,6 +65,8 @@ async fn suite_fixture() -> Fixture<(TempDir, Arc<BubblewrapDriver>)> {
 
 berth_testkit::backend_suite!(bubblewrap, suite_fixture());
 berth_testkit::contract_suite!(bubblewrap_contract, suite_fixture());
+berth_testkit::backend_suite!(bubblewrap_per_exec, per_exec_suite_fixture());
+berth_testkit::contract_suite!(bubblewrap_per_exec_contract, per_exec_suite_fixture());
 
 // ---- isolation --------------------------------------------------------------------------
 

@@ -90,10 +90,12 @@ async fn pids_limit_stops_a_fork_bomb() {
     let (first, second) = tokio::join!(sh(&*limited.backend, FORK_20, &[]), sh(&*other.backend, FORK_20, &[]));
     assert_eq!((&first.stdout[..], &second.stdout[..]), (&b"ok\n"[..], &b"ok\n"[..]));
     // With a cgroup, concurrent execs of one workspace share its budget (like one
-    // container); without, each exec has its own RLIMIT_NPROC.
+    // container); so they do under one supervisor (one user namespace, one RLIMIT_NPROC
+    // count); only per-exec sandboxes without a cgroup give each exec its own.
     let (first, second) = tokio::join!(sh(&*limited.backend, FORK_20, &[]), sh(&*limited.backend, FORK_20, &[]));
     let both = &first.stdout[..] == b"ok\n" && &second.stdout[..] == b"ok\n";
-    assert_eq!(both, limited.driver.cgroup_version().is_none(), "{first:?} {second:?}");
+    let own_budgets = limited.driver.cgroup_version().is_none() && !limited.bubblewrap.supervised();
+    assert_eq!(both, own_budgets, "{first:?} {second:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,17 +211,29 @@ async fn exec_latency_report() {
             dir: &config.workspace_dir,
             read_only_files: &[],
             network: false,
+            tmp_per_exec: false,
         },
     );
     direct_args.extend(["--chdir", "/workspace", "--", "true"].map(Into::into));
 
+    let per_exec = bwrap_support::sandbox_with(
+        berth_backend_bubblewrap::BubblewrapConfig { supervisor: false, ..config.clone() },
+        WorkspaceSpec::default(),
+    )
+    .await;
     let mut via_backend = Vec::with_capacity(RUNS);
+    let mut via_per_exec = Vec::with_capacity(RUNS);
     let mut direct_bwrap = Vec::with_capacity(RUNS);
     let mut direct_spawn = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
         let started = std::time::Instant::now();
         let output = sandbox.backend.exec(&ExecSpec::new(vec!["true".into()])).await.unwrap();
         via_backend.push(started.elapsed());
+        assert_eq!(output.exit_code, 0);
+
+        let started = std::time::Instant::now();
+        let output = per_exec.backend.exec(&ExecSpec::new(vec!["true".into()])).await.unwrap();
+        via_per_exec.push(started.elapsed());
         assert_eq!(output.exit_code, 0);
 
         let mut command = tokio::process::Command::new(&config.bwrap_path);
@@ -242,8 +256,10 @@ async fn exec_latency_report() {
         samples[samples.len() / 2]
     };
     eprintln!(
-        "median of {RUNS} runs of `true`: backend exec {:?}, direct bwrap {:?}, direct spawn {:?}",
+        "median of {RUNS} runs of `true`: backend exec {:?} (supervised), {:?} (a sandbox per exec), direct bwrap \
+         {:?}, direct spawn {:?}",
         median(&mut via_backend),
+        median(&mut via_per_exec),
         median(&mut direct_bwrap),
         median(&mut direct_spawn)
     );

@@ -61,11 +61,39 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
     let mut results = Vec::new();
     for backend in &available {
         let case = format!("exec true {backend}");
-        let row = exec_case(ctx, &channel, backend, docker_container.as_ref()).await;
-        results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
+        let row = exec_case(ctx, &channel, backend, &case, docker_container.as_ref()).await;
+        let mut row = common::row_or_error(NAME, &case, &ctx.machine, row);
+        if *backend == "bubblewrap" {
+            // Measured right after the exec loop: the supervisor is idle and warm.
+            if let Some(kib) = supervisor_idle_rss_kib() {
+                row.metric("supervisor_idle_rss_kib", kib as f64);
+            }
+        }
+        results.push(row);
         let case = format!("provision {backend}");
         let row = provision_case(ctx, &channel, &registry, backend).await;
         results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
+    }
+    // The same bubblewrap exec with a sandbox per exec (`--no-supervisor`, the way it was
+    // before the supervisor), on a cluster of its own, in the same run.
+    if available.contains(&"bubblewrap") {
+        let case = "exec true bubblewrap --no-supervisor";
+        let row = per_exec_bubblewrap_case(ctx, case).await;
+        results.push(common::row_or_error(NAME, case, &ctx.machine, row));
+    }
+    // The targets are ratios to Berth's own local exec (same run).
+    let local_p50 = results
+        .iter()
+        .find(|row| row.case == "exec true local")
+        .and_then(|row| row.latency_ms.as_ref())
+        .map(|latency| latency.p50_ms);
+    if let Some(local_p50) = local_p50.filter(|p50| *p50 > 0.0) {
+        for row in results.iter_mut().filter(|row| row.case.starts_with("exec true ") && row.case != "exec true local")
+        {
+            if let Some(p50) = row.latency_ms.as_ref().map(|latency| latency.p50_ms) {
+                row.metric("ratio_to_exec_true_local", p50 / local_p50);
+            }
+        }
     }
     for (backend, reason) in skipped {
         let mut exec_row = ScenarioResult::new(NAME, format!("exec true {backend}"), &ctx.machine);
@@ -134,10 +162,48 @@ async fn probe(ctx: &Ctx, backend: &str) -> Result<(), String> {
     Err(format!("the berth node agent does not start with --backend {backend}: {}", reason.trim()))
 }
 
+/// `exec true bubblewrap` against a node agent started with `--no-supervisor`.
+async fn per_exec_bubblewrap_case(ctx: &Ctx, case: &str) -> anyhow::Result<ScenarioResult> {
+    let etcd = env::start_etcd().await?;
+    let mut config = env::cluster_config(ctx, &etcd, 1, 1);
+    config.node_flags = vec!["--backend".into(), "bubblewrap".into(), "--no-supervisor".into()];
+    let cluster = env::start_cluster(config).await?;
+    let channel = env::connect(&cluster.replicas[0].server.endpoint).await?;
+    let row = exec_case(ctx, &channel, "bubblewrap", case, None).await?;
+    drop(cluster);
+    Ok(row.param("supervisor", false))
+}
+
+/// The largest VmRSS of the sandbox supervisors running on the host (each is
+/// `/proc/self/fd/5 --idle-ms N` in the host's /proc), in KiB.
+fn supervisor_idle_rss_kib() -> Option<u64> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    entries
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let cmdline = std::fs::read(path.join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|byte| *byte == 0).collect();
+            if args.first() != Some(&&b"/proc/self/fd/5"[..]) || args.get(1) != Some(&&b"--idle-ms"[..]) {
+                return None;
+            }
+            let status = std::fs::read_to_string(path.join("status")).ok()?;
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()
+        })
+        .max()
+}
+
 async fn exec_case(
     ctx: &Ctx,
     channel: &Channel,
     backend: &str,
+    case: &str,
     docker_container: Option<&DockerContainer>,
 ) -> anyhow::Result<ScenarioResult> {
     let iterations = ctx.settings.exec_iterations;
@@ -171,7 +237,7 @@ async fn exec_case(
         },
         other => bail!("no floor for backend {other}"),
     };
-    let mut result = ScenarioResult::new(NAME, format!("exec true {backend}"), &ctx.machine)
+    let mut result = ScenarioResult::new(NAME, case, &ctx.machine)
         .param("backend", backend)
         .param("iterations", iterations)
         .param("workspace_id", session.workspace_id);

@@ -120,6 +120,14 @@ pub struct NodeFlags {
     /// and writable; else per-process rlimits, with a warning), required, or off.
     #[arg(long, env = "BERTH_SANDBOX_CGROUPS", default_value = "auto", value_parser = CgroupPolicy::parse)]
     pub sandbox_cgroups: CgroupPolicy,
+    /// Start every bubblewrap command in a fresh sandbox instead of forking it from the
+    /// workspace's resident supervisor (slower: a sandbox build per exec; each exec then
+    /// has a pid namespace of its own).
+    #[arg(long, env = "BERTH_NO_SUPERVISOR")]
+    pub no_supervisor: bool,
+    /// How long a workspace's idle supervisor lives on before it exits.
+    #[arg(long, env = "BERTH_SUPERVISOR_IDLE", default_value = "30s", value_parser = parse_duration)]
+    pub supervisor_idle: Duration,
     /// How long copies moved to the quarantine (superseded, orphaned, replaced by a fresh
     /// workspace of the same id) are kept before they are deleted.
     #[arg(long, env = "BERTH_QUARANTINE_RETENTION", default_value = "7d", value_parser = parse_duration)]
@@ -241,6 +249,8 @@ impl NodeFlags {
             .collect::<anyhow::Result<_>>()?;
         config.bubblewrap.sandbox_uid_range = self.sandbox_uid_range;
         config.bubblewrap.cgroups = self.sandbox_cgroups;
+        config.bubblewrap.supervisor = !self.no_supervisor;
+        config.bubblewrap.supervisor_idle = self.supervisor_idle;
         let contract = &mut config.contract;
         contract.skills_seed = self.skills_seed.clone();
         contract.mcp.pool.max_live = self.mcp_max_live;

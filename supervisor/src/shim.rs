@@ -1,0 +1,288 @@
+//! One exec, from request to exit status: a forked child of the supervisor that owns the
+//! exec's connection, starts the command and cleans up everything it left.
+
+use std::ffi::{CString, c_char};
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt as _;
+
+use super::sys;
+use super::wire::{Reply, Request, Stage};
+
+/// How often the shim looks for its command's exit when pidfds are unavailable (Linux
+/// before 5.3).
+const FALLBACK_POLL_MS: i32 = 5;
+
+/// Runs the exec on `connection` with the command's `stdio`; never returns.
+pub fn run(connection: RawFd, stdio: [RawFd; 3]) -> ! {
+    // Orphans of the command come here, so the exec can kill them all at its end.
+    let _ = sys::set_child_subreaper();
+    let Some(request) = read_request(connection) else {
+        reply(connection, Reply::Failed { stage: Stage::Request, errno: 0 });
+        sys::exit_now(1)
+    };
+    if let Some(size) = request.private_tmp_bytes
+        && let Err(error) = sys::private_tmp(size)
+    {
+        reply(connection, failed(Stage::Tmp, &error));
+        sys::exit_now(1)
+    }
+    let launch = Launch::new(&request);
+    let (report_read, report_write) = match sys::pipe_cloexec() {
+        Ok(pipe) => pipe,
+        Err(error) => {
+            reply(connection, failed(Stage::Fork, &error));
+            sys::exit_now(1)
+        }
+    };
+    let pid = match sys::fork_process() {
+        Ok(0) => {
+            sys::close_fd(report_read);
+            sys::close_fd(connection);
+            let (stage, error) = launch.start(stdio, &request);
+            let mut report = [0u8; 8];
+            report[..4].copy_from_slice(&(stage as i32).to_le_bytes());
+            report[4..].copy_from_slice(&error.raw_os_error().unwrap_or(0).to_le_bytes());
+            let _ = sys::write_all(report_write, &report);
+            sys::exit_now(127)
+        }
+        Ok(pid) => pid,
+        Err(error) => {
+            reply(connection, failed(Stage::Fork, &error));
+            sys::exit_now(1)
+        }
+    };
+    sys::close_fd(report_write);
+    for fd in stdio {
+        sys::close_fd(fd);
+    }
+    // The report pipe is close-on-exec: end of file means the exec succeeded.
+    let mut report = [0u8; 8];
+    let mut filled = 0;
+    while filled < report.len() {
+        match sys::read_some(report_read, &mut report[filled..]) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => filled += read,
+        }
+    }
+    sys::close_fd(report_read);
+    if filled == report.len() {
+        let stage = i32::from_le_bytes([report[0], report[1], report[2], report[3]]);
+        let errno = i32::from_le_bytes([report[4], report[5], report[6], report[7]]);
+        let mut status = None;
+        kill_tree(pid, &mut status);
+        reply(connection, Reply::Failed { stage: Stage::from_code(stage).unwrap_or(Stage::Exec), errno });
+        sys::exit_now(0)
+    }
+    reply(connection, Reply::Started { pid });
+    let status = supervise(connection, pid);
+    let (code, signal) = sys::decode_status(status);
+    reply(connection, Reply::Exited { code, signal });
+    sys::exit_now(0)
+}
+
+/// Waits for the command to end or for a kill (a `KILL` byte or the node closing the
+/// connection); then kills what is left of its tree. Returns the command's wait status.
+fn supervise(connection: RawFd, pid: sys::pid_t) -> i32 {
+    let pidfd = sys::pidfd(pid).ok();
+    let mut status = None;
+    loop {
+        let mut fds = [
+            sys::pollfd { fd: connection, events: sys::POLLIN, revents: 0 },
+            sys::pollfd { fd: pidfd.unwrap_or(-1), events: sys::POLLIN, revents: 0 },
+        ];
+        let timeout = if pidfd.is_some() { -1 } else { FALLBACK_POLL_MS };
+        if sys::poll_fds(&mut fds, timeout).is_err() {
+            break;
+        }
+        if fds[0].revents != 0 {
+            let mut byte = [0u8; 1];
+            // A kill byte, the end of the connection or an error: all mean kill.
+            let _ = sys::recv_some(connection, &mut byte);
+            break;
+        }
+        if let Ok(Some((_, raw))) = sys::wait_for(pid, sys::WNOHANG) {
+            status = Some(raw);
+            break;
+        }
+    }
+    if let Some(fd) = pidfd {
+        sys::close_fd(fd);
+    }
+    kill_tree(pid, &mut status);
+    status.unwrap_or(sys::SIGKILL)
+}
+
+/// Kills the command's process group and every process below the shim, until the shim has
+/// no child left; records the command's status in `status` if it is reaped here.
+fn kill_tree(pid: sys::pid_t, status: &mut Option<i32>) {
+    // The group id stays reserved while any member lives, so signalling it is safe even
+    // after the command was reaped; the pid alone is signalled only while it is unreaped
+    // (afterwards it could be another process's).
+    let _ = sys::signal(-pid, sys::SIGKILL);
+    if status.is_none() {
+        let _ = sys::signal(pid, sys::SIGKILL);
+    }
+    loop {
+        // Killed processes' children are reparented here and listed in the next round;
+        // a process with SIGKILL pending cannot fork, so this ends.
+        for child in children_of(sys::own_pid()) {
+            let _ = sys::signal(child, sys::SIGKILL);
+        }
+        match sys::wait_for(-1, 0) {
+            Ok(Some((reaped, raw))) => {
+                if reaped == pid && status.is_none() {
+                    *status = Some(raw);
+                }
+            }
+            Ok(None) => {}
+            Err(error) if error.raw_os_error() == Some(sys::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+}
+
+/// The children of `pid` (from `/proc/<pid>/task/<pid>/children`, or by scanning `/proc`
+/// when the kernel lacks that file).
+pub fn children_of(pid: sys::pid_t) -> Vec<sys::pid_t> {
+    if let Ok(listed) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
+        return listed.split_whitespace().filter_map(|child| child.parse().ok()).collect();
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<sys::pid_t>().ok())
+        .filter(|candidate| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{candidate}/stat")) else {
+                return false;
+            };
+            // The command name may hold spaces and parentheses: fields follow the last ')'.
+            let fields = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+            fields.split_whitespace().nth(1).and_then(|ppid| ppid.parse::<sys::pid_t>().ok()) == Some(pid)
+        })
+        .collect()
+}
+
+fn read_request(connection: RawFd) -> Option<Request> {
+    let mut header = [0u8; 8];
+    read_exact(connection, &mut header)?;
+    let len = Request::body_len(&header)?;
+    let mut body = vec![0u8; len];
+    read_exact(connection, &mut body)?;
+    Request::decode(&body)
+}
+
+fn read_exact(fd: RawFd, buffer: &mut [u8]) -> Option<()> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match sys::recv_some(fd, &mut buffer[filled..]) {
+            Ok(0) | Err(_) => return None,
+            Ok(read) => filled += read,
+        }
+    }
+    Some(())
+}
+
+fn reply(connection: RawFd, reply: Reply) {
+    // The node may be gone (it dropped the exec): nothing to tell then.
+    let _ = sys::send_all(connection, &reply.encode());
+}
+
+fn failed(stage: Stage, error: &std::io::Error) -> Reply {
+    Reply::Failed { stage, errno: error.raw_os_error().unwrap_or(0) }
+}
+
+/// Everything the command's child needs, allocated before the fork.
+struct Launch {
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+    /// For a file without a `#!` line (`ENOEXEC`): `/bin/sh <file> <args…>`, as `execvp`.
+    shell: CString,
+}
+
+impl Launch {
+    fn new(request: &Request) -> Self {
+        // Decoding refused NULs, so these conversions cannot fail.
+        let c_string = |bytes: &[u8]| CString::new(bytes.to_vec()).unwrap_or_default();
+        let program = &request.argv[0];
+        let candidates = if program.contains(&b'/') {
+            vec![c_string(program)]
+        } else {
+            request
+                .search_path
+                .split(|byte| *byte == b':')
+                .map(|dir| {
+                    // POSIX: an empty PATH entry is the current directory.
+                    let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
+                    let mut path = dir.to_vec();
+                    if !path.ends_with(b"/") {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(program);
+                    c_string(&path)
+                })
+                .collect()
+        };
+        Self {
+            candidates,
+            argv: request.argv.iter().map(|arg| c_string(arg)).collect(),
+            env: request.env.iter().map(|pair| c_string(pair)).collect(),
+            cwd: c_string(&request.cwd),
+            shell: c_string(std::ffi::OsStr::new("/bin/sh").as_bytes()),
+        }
+    }
+
+    /// In the forked child: becomes the command. Returns only on failure, with the stage.
+    fn start(&self, stdio: [RawFd; 3], request: &Request) -> (Stage, std::io::Error) {
+        if let Err(error) = sys::new_session() {
+            return (Stage::Session, error);
+        }
+        for (target, fd) in stdio.into_iter().enumerate() {
+            if let Err(error) = sys::dup_onto(fd, target as RawFd) {
+                return (Stage::Stdio, error);
+            }
+        }
+        if let Err(error) = sys::change_dir(&self.cwd) {
+            return (Stage::Chdir, error);
+        }
+        for limit in &request.rlimits {
+            if let Err(error) = sys::set_rlimit(limit.resource, limit.soft, limit.hard) {
+                return (Stage::Rlimit, error);
+            }
+        }
+        if let Err(error) = sys::unblock_all_signals().and_then(|()| sys::drop_all_capabilities()) {
+            return (Stage::Capabilities, error);
+        }
+        let argv = pointers(&self.argv);
+        let env = pointers(&self.env);
+        // execvp's rules: the first candidate that runs wins; EACCES on any candidate is
+        // reported over ENOENT; other errors stop the search.
+        let mut seen_eacces = false;
+        let mut last = std::io::Error::from_raw_os_error(sys::ENOENT);
+        for candidate in &self.candidates {
+            let error = sys::exec(candidate, &argv, &env);
+            match error.raw_os_error() {
+                Some(sys::ENOEXEC) => {
+                    let mut shell_argv = vec![self.shell.as_ptr(), candidate.as_ptr()];
+                    shell_argv.extend(argv.iter().skip(1).copied());
+                    return (Stage::Exec, sys::exec(&self.shell, &shell_argv, &env));
+                }
+                Some(sys::EACCES) => seen_eacces = true,
+                Some(sys::ENOENT | sys::ENOTDIR) => {}
+                _ => return (Stage::Exec, error),
+            }
+            last = error;
+        }
+        if seen_eacces {
+            last = std::io::Error::from_raw_os_error(sys::EACCES);
+        }
+        (Stage::Exec, last)
+    }
+}
+
+/// A NULL-terminated pointer array into `strings`.
+fn pointers(strings: &[CString]) -> Vec<*const c_char> {
+    strings.iter().map(|string| string.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
+}
