@@ -25,9 +25,3 @@ pub use engine::snapshot::{SnapshotOptions, snapshot};
 pub use error::SnapshotError;
 pub use manifest::SnapshotInfo;
 pub use store::{BlobEntry, SnapshotStore, SnapshotStoreRef, open};
-
-/// Installs ring as rustls's process-wide crypto provider unless one is installed (the
-/// S3 client's HTTPS needs one; the tree has only ring, see docs/dependencies.md).
-pub(crate) fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}

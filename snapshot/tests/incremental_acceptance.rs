@@ -54,9 +54,7 @@ async fn one_kib_edit_in_256_mib_uploads_under_one_mib() {
     random.fill_bytes(&mut large);
     fs::write(source.join("large.bin"), &large).unwrap();
     let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
-    for path in [source.join("large.bin")] {
-        fs::OpenOptions::new().write(true).open(path).unwrap().set_modified(an_hour_ago).unwrap();
-    }
+    fs::OpenOptions::new().write(true).open(source.join("large.bin")).unwrap().set_modified(an_hour_ago).unwrap();
 
     let store = berth_snapshot::open(&format!("file://{}", dir.path().join("store").display())).unwrap();
     let first =

@@ -22,9 +22,10 @@ use bytes::{Bytes, BytesMut};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use super::{BlobEntry, SnapshotStore, validate_hash, validate_snapshot_id, validate_workspace_id};
-use crate::SnapshotError;
+use super::names::{validate_hash, validate_snapshot_id, validate_workspace_id};
+use super::seam::{BlobEntry, SnapshotStore};
 use crate::engine::now_unix_ms;
+use crate::error::SnapshotError;
 
 /// Largest part of a value: far below Redis's 512 MiB limit and small enough that one part
 /// does not block the server for long.
@@ -49,7 +50,7 @@ impl RedisStore {
     /// connection is made at first use. A password is better given as `password_file` (a
     /// file holding it) than in the URL, which ends up in process listings.
     pub fn open(url: &str) -> Result<RedisStore, SnapshotError> {
-        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::redact(url), reason };
+        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::names::redact(url), reason };
         let mut parsed = url::Url::parse(url).map_err(|error| invalid(error.to_string()))?;
         if parsed.scheme() != "redis" {
             return Err(invalid("only redis:// is built in (no TLS)".to_owned()));

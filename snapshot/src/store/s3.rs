@@ -19,8 +19,9 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
-use super::{BlobEntry, SnapshotStore, validate_hash, validate_snapshot_id, validate_workspace_id};
-use crate::SnapshotError;
+use super::names::{validate_hash, validate_snapshot_id, validate_workspace_id};
+use super::seam::{BlobEntry, SnapshotStore};
+use crate::error::SnapshotError;
 
 pub struct S3Store {
     client: Arc<AmazonS3>,
@@ -44,7 +45,7 @@ impl S3Store {
     /// `aws_access_key_id` / `aws_secret_access_key` / `aws_session_token`; profile `default`
     /// unless `profile=` says otherwise), whose values win over the environment.
     pub fn open(url: &str) -> Result<S3Store, SnapshotError> {
-        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::redact(url), reason };
+        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::names::redact(url), reason };
         let parsed = url::Url::parse(url).map_err(|error| invalid(error.to_string()))?;
         let bucket = parsed
             .host_str()
@@ -101,7 +102,8 @@ impl S3Store {
             }
         }
         let retry = RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(60), ..RetryConfig::default() };
-        crate::install_crypto_provider();
+        // HTTPS needs a process-wide rustls provider; the tree's one is ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = builder
             .with_client_options(client_options)
             .with_retry(retry)
@@ -310,7 +312,9 @@ mod tests {
         assert_eq!(store.describe(), "s3://bucket/some/prefix?endpoint=http://127.0.0.1:9/");
         assert!(S3Store::open("s3://user:secret@bucket/p").is_err());
         assert!(S3Store::open("s3:///p").is_err());
-        assert!(S3Store::open("s3://bucket/../p").is_err());
+        assert!(S3Store::open("s3://bucket/a//p").is_err());
+        // The URL parser resolves dot segments: nothing can climb out of the bucket.
+        assert_eq!(S3Store::open("s3://bucket/../p").unwrap().describe(), "s3://bucket/p");
         assert!(S3Store::open("s3://bucket/p?unknown=1").is_err());
     }
 }
