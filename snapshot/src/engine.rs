@@ -9,7 +9,7 @@ mod walk;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::SnapshotError;
+use crate::error::SnapshotError;
 
 pub(crate) fn now_unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)

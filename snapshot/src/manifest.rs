@@ -7,8 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::SnapshotError;
 use crate::chunk;
+use crate::error::SnapshotError;
 
 /// Largest manifest a reader decompresses (a million files is about 300 MiB of JSON).
 pub(crate) const MAX_MANIFEST_BYTES: usize = 512 << 20;

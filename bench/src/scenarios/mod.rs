@@ -11,12 +11,13 @@ pub mod first_session_storm;
 pub mod hot_resolve;
 pub mod node_scale;
 pub mod registry_scale;
+pub mod snapshot;
 
 use crate::env::Ctx;
 use crate::report::ScenarioResult;
 
 /// Every scenario, in the order `all` runs them.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 8] = [
     first_session_storm::NAME,
     distinct_storm::NAME,
     hot_resolve::NAME,
@@ -24,6 +25,7 @@ pub const ALL: [&str; 7] = [
     file_throughput::NAME,
     registry_scale::NAME,
     node_scale::NAME,
+    snapshot::NAME,
 ];
 
 pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
@@ -35,6 +37,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         file_throughput::NAME => file_throughput::run(ctx).await,
         registry_scale::NAME => registry_scale::run(ctx).await,
         node_scale::NAME => node_scale::run(ctx).await,
+        snapshot::NAME => snapshot::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; one of: all, {}", ALL.join(", ")),
     }
 }

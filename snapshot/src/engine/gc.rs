@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::{blocking, now_unix_ms};
-use crate::SnapshotError;
+use crate::error::SnapshotError;
 use crate::manifest::Manifest;
 use crate::store::SnapshotStore;
 

@@ -17,9 +17,10 @@ use std::time::{Duration, UNIX_EPOCH};
 use futures::{StreamExt, TryStreamExt};
 
 use super::blocking;
+use crate::chunk;
+use crate::error::SnapshotError;
 use crate::manifest::{ChunkRef, Entry, EntryKind, Manifest, SnapshotInfo, validate_entry_path};
 use crate::store::{SnapshotStore, validate_snapshot_id, validate_workspace_id};
-use crate::{SnapshotError, chunk};
 
 /// Files restored at once, and chunks fetched ahead within one file.
 const FILES_IN_FLIGHT: usize = 8;

@@ -5,7 +5,7 @@
 use futures::{StreamExt, TryStreamExt};
 
 use super::blocking;
-use crate::SnapshotError;
+use crate::error::SnapshotError;
 use crate::manifest::{Manifest, SnapshotInfo};
 use crate::store::{SnapshotStore, validate_workspace_id};
 

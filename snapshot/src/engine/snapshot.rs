@@ -14,9 +14,10 @@ use tokio::sync::mpsc;
 
 use super::walk::{self, WalkEntry};
 use super::{blocking, now_unix_ms};
+use crate::chunk;
+use crate::error::SnapshotError;
 use crate::manifest::{ChunkRef, Entry, EntryKind, Manifest, SnapshotInfo};
 use crate::store::{SnapshotStore, validate_snapshot_id, validate_workspace_id};
-use crate::{SnapshotError, chunk};
 
 /// A file whose mtime is this close to its snapshot's start is re-read next time even when
 /// size, mtime and mode match (a write in the same timestamp tick would be invisible).

@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::SnapshotError;
+use crate::error::SnapshotError;
 use crate::manifest::{EntryKind, MAX_PATH_BYTES};
 
 #[derive(Debug)]

@@ -19,8 +19,9 @@ use std::time::UNIX_EPOCH;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{BlobEntry, SnapshotStore, validate_hash, validate_snapshot_id, validate_workspace_id};
-use crate::SnapshotError;
+use super::names::{validate_hash, validate_snapshot_id, validate_workspace_id};
+use super::seam::{BlobEntry, SnapshotStore};
+use crate::error::SnapshotError;
 
 #[derive(Debug, Clone)]
 pub struct DirStore {

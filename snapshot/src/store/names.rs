@@ -1,6 +1,6 @@
 //! Names that become file names and keys in every store: checked once, here.
 
-use crate::SnapshotError;
+use crate::error::SnapshotError;
 
 /// A blob address: 64 lowercase hex characters (BLAKE3-256).
 pub fn validate_hash(hash: &str) -> Result<(), SnapshotError> {
@@ -45,6 +45,19 @@ fn validate_component(kind: &'static str, value: &str, max: usize) -> Result<(),
 
 fn shorten(value: &str) -> String {
     value.chars().take(80).collect()
+}
+
+/// A URL with any password replaced, for errors and logs.
+pub(crate) fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "<unparsable url>".to_owned(),
+    }
 }
 
 #[cfg(test)]

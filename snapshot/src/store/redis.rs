@@ -22,9 +22,10 @@ use bytes::{Bytes, BytesMut};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use super::{BlobEntry, SnapshotStore, validate_hash, validate_snapshot_id, validate_workspace_id};
-use crate::SnapshotError;
+use super::names::{validate_hash, validate_snapshot_id, validate_workspace_id};
+use super::seam::{BlobEntry, SnapshotStore};
 use crate::engine::now_unix_ms;
+use crate::error::SnapshotError;
 
 /// Largest part of a value: far below Redis's 512 MiB limit and small enough that one part
 /// does not block the server for long.
@@ -49,7 +50,7 @@ impl RedisStore {
     /// connection is made at first use. A password is better given as `password_file` (a
     /// file holding it) than in the URL, which ends up in process listings.
     pub fn open(url: &str) -> Result<RedisStore, SnapshotError> {
-        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::redact(url), reason };
+        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::names::redact(url), reason };
         let mut parsed = url::Url::parse(url).map_err(|error| invalid(error.to_string()))?;
         if parsed.scheme() != "redis" {
             return Err(invalid("only redis:// is built in (no TLS)".to_owned()));
@@ -65,14 +66,19 @@ impl RedisStore {
         }
         if prefix.is_empty()
             || prefix.len() > 200
-            || !prefix.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b':' | b'.' | b'_' | b'-' | b'/'))
+            || !prefix
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b':' | b'.' | b'_' | b'-' | b'/'))
         {
             return Err(invalid("prefix must be 1-200 characters of A-Z a-z 0-9 : . _ - /".to_owned()));
         }
         parsed.set_query(None);
         if let Some(path) = password_file {
-            let password = std::fs::read_to_string(&path).map_err(|source| SnapshotError::io("read redis password file", &path, source))?;
-            parsed.set_password(Some(password.trim_end_matches(['\r', '\n']))).map_err(|()| invalid("cannot carry a password".to_owned()))?;
+            let password = std::fs::read_to_string(&path)
+                .map_err(|source| SnapshotError::io("read redis password file", &path, source))?;
+            parsed
+                .set_password(Some(password.trim_end_matches(['\r', '\n'])))
+                .map_err(|()| invalid("cannot carry a password".to_owned()))?;
         }
         let mut shown = parsed.clone();
         let _ = shown.set_password(None);
@@ -136,7 +142,12 @@ impl RedisStore {
     /// overwrite is never mixed in.
     async fn get_value(&self, key: &str, kind: &'static str, name: String) -> Result<Bytes, SnapshotError> {
         let mut connection = self.connection().await?;
-        let count: Option<usize> = redis::cmd("HGET").arg(key).arg("n").query_async(&mut connection).await.map_err(|error| self.failed("get", error))?;
+        let count: Option<usize> = redis::cmd("HGET")
+            .arg(key)
+            .arg("n")
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| self.failed("get", error))?;
         let Some(count) = count else { return Err(SnapshotError::not_found(kind, name)) };
         let mut pipe = redis::pipe();
         pipe.atomic();
@@ -144,7 +155,8 @@ impl RedisStore {
         for index in 0..count {
             pipe.hget(key, index.to_string());
         }
-        let mut replies: Vec<Option<Vec<u8>>> = pipe.query_async(&mut connection).await.map_err(|error| self.failed("get", error))?;
+        let mut replies: Vec<Option<Vec<u8>>> =
+            pipe.query_async(&mut connection).await.map_err(|error| self.failed("get", error))?;
         let counted = replies.first().cloned().flatten();
         if counted.as_deref() != Some(count.to_string().as_bytes()) {
             // Deleted or rewritten between the two calls: read the new state.
@@ -196,7 +208,11 @@ impl SnapshotStore for RedisStore {
     async fn has_blob(&self, hash: &str) -> Result<bool, SnapshotError> {
         validate_hash(hash)?;
         let mut connection = self.connection().await?;
-        redis::cmd("EXISTS").arg(self.blob_key(hash)).query_async(&mut connection).await.map_err(|error| self.failed("has blob", error))
+        redis::cmd("EXISTS")
+            .arg(self.blob_key(hash))
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| self.failed("has blob", error))
     }
 
     async fn has_blobs(&self, hashes: &[String]) -> Result<Vec<bool>, SnapshotError> {
@@ -208,7 +224,8 @@ impl SnapshotStore for RedisStore {
                 validate_hash(hash)?;
                 pipe.exists(self.blob_key(hash));
             }
-            let found: Vec<bool> = pipe.query_async(&mut connection).await.map_err(|error| self.failed("has blobs", error))?;
+            let found: Vec<bool> =
+                pipe.query_async(&mut connection).await.map_err(|error| self.failed("has blobs", error))?;
             answers.extend(found);
         }
         Ok(answers)
@@ -255,7 +272,12 @@ impl SnapshotStore for RedisStore {
     async fn get_manifest(&self, workspace_id: &str, snapshot_id: &str) -> Result<Bytes, SnapshotError> {
         validate_workspace_id(workspace_id)?;
         validate_snapshot_id(snapshot_id)?;
-        self.get_value(&self.manifest_key(workspace_id, snapshot_id), "manifest", format!("{workspace_id}/{snapshot_id}")).await
+        self.get_value(
+            &self.manifest_key(workspace_id, snapshot_id),
+            "manifest",
+            format!("{workspace_id}/{snapshot_id}"),
+        )
+        .await
     }
 
     async fn list_manifests(&self, workspace_id: &str) -> Result<Vec<String>, SnapshotError> {
@@ -295,8 +317,11 @@ return 0",
 
     async fn list_workspaces(&self) -> Result<Vec<String>, SnapshotError> {
         let mut connection = self.connection().await?;
-        let workspaces: Vec<String> =
-            redis::cmd("SMEMBERS").arg(self.workspaces_key()).query_async(&mut connection).await.map_err(|error| self.failed("list workspaces", error))?;
+        let workspaces: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.workspaces_key())
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| self.failed("list workspaces", error))?;
         Ok(workspaces.into_iter().filter(|workspace| validate_workspace_id(workspace).is_ok()).collect())
     }
 }

@@ -19,8 +19,9 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
-use super::{BlobEntry, SnapshotStore, validate_hash, validate_snapshot_id, validate_workspace_id};
-use crate::SnapshotError;
+use super::names::{validate_hash, validate_snapshot_id, validate_workspace_id};
+use super::seam::{BlobEntry, SnapshotStore};
+use crate::error::SnapshotError;
 
 pub struct S3Store {
     client: Arc<AmazonS3>,
@@ -44,9 +45,12 @@ impl S3Store {
     /// `aws_access_key_id` / `aws_secret_access_key` / `aws_session_token`; profile `default`
     /// unless `profile=` says otherwise), whose values win over the environment.
     pub fn open(url: &str) -> Result<S3Store, SnapshotError> {
-        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::redact(url), reason };
+        let invalid = |reason: String| SnapshotError::InvalidUrl { url: super::names::redact(url), reason };
         let parsed = url::Url::parse(url).map_err(|error| invalid(error.to_string()))?;
-        let bucket = parsed.host_str().filter(|bucket| !bucket.is_empty()).ok_or_else(|| invalid("no bucket (s3://bucket/prefix)".to_owned()))?;
+        let bucket = parsed
+            .host_str()
+            .filter(|bucket| !bucket.is_empty())
+            .ok_or_else(|| invalid("no bucket (s3://bucket/prefix)".to_owned()))?;
         if parsed.username() != "" || parsed.password().is_some() {
             return Err(invalid("credentials do not go in the url: use AWS_* or credentials_file".to_owned()));
         }
@@ -62,13 +66,18 @@ impl S3Store {
                 "region" => region = Some(value.into_owned()),
                 "credentials_file" => credentials_file = Some(value.into_owned()),
                 "profile" => profile = value.into_owned(),
-                other => return Err(invalid(format!("unknown parameter {other:?} (endpoint, region, credentials_file, profile)"))),
+                other => {
+                    return Err(invalid(format!(
+                        "unknown parameter {other:?} (endpoint, region, credentials_file, profile)"
+                    )));
+                }
             }
         }
         if let Some(region) = &region {
             builder = builder.with_region(region);
         }
-        let mut client_options = ClientOptions::new().with_timeout(Duration::from_secs(60)).with_connect_timeout(Duration::from_secs(5));
+        let mut client_options =
+            ClientOptions::new().with_timeout(Duration::from_secs(60)).with_connect_timeout(Duration::from_secs(5));
         if let Some(endpoint) = &endpoint {
             let endpoint_url = url::Url::parse(endpoint).map_err(|error| invalid(format!("endpoint: {error}")))?;
             if !matches!(endpoint_url.scheme(), "http" | "https") {
@@ -78,9 +87,11 @@ impl S3Store {
             builder = builder.with_endpoint(endpoint.trim_end_matches('/')).with_virtual_hosted_style_request(false);
         }
         if let Some(path) = &credentials_file {
-            let text = std::fs::read_to_string(path).map_err(|source| SnapshotError::io("read credentials file", path, source))?;
-            let values = profile_values(&text, &profile)
-                .ok_or_else(|| SnapshotError::InvalidInput(format!("credentials file {path}: no [{profile}] section")))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| SnapshotError::io("read credentials file", path, source))?;
+            let values = profile_values(&text, &profile).ok_or_else(|| {
+                SnapshotError::InvalidInput(format!("credentials file {path}: no [{profile}] section"))
+            })?;
             for (key, value) in values {
                 builder = match key.as_str() {
                     "aws_access_key_id" => builder.with_access_key_id(value),
@@ -91,7 +102,8 @@ impl S3Store {
             }
         }
         let retry = RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(60), ..RetryConfig::default() };
-        crate::install_crypto_provider();
+        // HTTPS needs a process-wide rustls provider; the tree's one is ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = builder
             .with_client_options(client_options)
             .with_retry(retry)
@@ -105,7 +117,11 @@ impl S3Store {
     }
 
     fn key(&self, tail: &str) -> ObjectPath {
-        if self.prefix.is_empty() { ObjectPath::from(tail) } else { ObjectPath::from(format!("{}/{tail}", self.prefix)) }
+        if self.prefix.is_empty() {
+            ObjectPath::from(tail)
+        } else {
+            ObjectPath::from(format!("{}/{tail}", self.prefix))
+        }
     }
 
     fn blob_key(&self, hash: &str) -> ObjectPath {
@@ -120,7 +136,13 @@ impl S3Store {
         SnapshotError::Store { store: self.description.clone(), operation, reason: error.to_string() }
     }
 
-    async fn get(&self, key: &ObjectPath, kind: &'static str, name: String, operation: &'static str) -> Result<Bytes, SnapshotError> {
+    async fn get(
+        &self,
+        key: &ObjectPath,
+        kind: &'static str,
+        name: String,
+        operation: &'static str,
+    ) -> Result<Bytes, SnapshotError> {
         let result = match self.client.get(key).await {
             Ok(result) => result,
             Err(object_store::Error::NotFound { .. }) => return Err(SnapshotError::not_found(kind, name)),
@@ -131,9 +153,13 @@ impl S3Store {
 
     /// Last path segments of the objects directly under `tail/`, or of its "directories".
     async fn list_names(&self, tail: &str, directories: bool) -> Result<Vec<String>, SnapshotError> {
-        let listing = self.client.list_with_delimiter(Some(&self.key(tail))).await.map_err(|error| self.failed("list", error))?;
-        let paths: Vec<ObjectPath> =
-            if directories { listing.common_prefixes } else { listing.objects.into_iter().map(|meta| meta.location).collect() };
+        let listing =
+            self.client.list_with_delimiter(Some(&self.key(tail))).await.map_err(|error| self.failed("list", error))?;
+        let paths: Vec<ObjectPath> = if directories {
+            listing.common_prefixes
+        } else {
+            listing.objects.into_iter().map(|meta| meta.location).collect()
+        };
         Ok(paths.iter().filter_map(|path| path.filename().map(str::to_owned)).collect())
     }
 }
@@ -172,7 +198,11 @@ impl SnapshotStore for S3Store {
 
     async fn put_blob(&self, hash: &str, data: Bytes) -> Result<(), SnapshotError> {
         validate_hash(hash)?;
-        self.client.put(&self.blob_key(hash), PutPayload::from(data)).await.map(|_| ()).map_err(|error| self.failed("put blob", error))
+        self.client
+            .put(&self.blob_key(hash), PutPayload::from(data))
+            .await
+            .map(|_| ())
+            .map_err(|error| self.failed("put blob", error))
     }
 
     async fn get_blob(&self, hash: &str) -> Result<Bytes, SnapshotError> {
@@ -198,8 +228,12 @@ impl SnapshotStore for S3Store {
     }
 
     async fn list_blob_entries(&self) -> Result<Vec<BlobEntry>, SnapshotError> {
-        let metas: Vec<object_store::ObjectMeta> =
-            self.client.list(Some(&self.key("blobs"))).try_collect().await.map_err(|error| self.failed("list blobs", error))?;
+        let metas: Vec<object_store::ObjectMeta> = self
+            .client
+            .list(Some(&self.key("blobs")))
+            .try_collect()
+            .await
+            .map_err(|error| self.failed("list blobs", error))?;
         Ok(metas
             .into_iter()
             .filter_map(|meta| {
@@ -223,7 +257,13 @@ impl SnapshotStore for S3Store {
     async fn get_manifest(&self, workspace_id: &str, snapshot_id: &str) -> Result<Bytes, SnapshotError> {
         validate_workspace_id(workspace_id)?;
         validate_snapshot_id(snapshot_id)?;
-        self.get(&self.manifest_key(workspace_id, snapshot_id), "manifest", format!("{workspace_id}/{snapshot_id}"), "get manifest").await
+        self.get(
+            &self.manifest_key(workspace_id, snapshot_id),
+            "manifest",
+            format!("{workspace_id}/{snapshot_id}"),
+            "get manifest",
+        )
+        .await
     }
 
     async fn list_manifests(&self, workspace_id: &str) -> Result<Vec<String>, SnapshotError> {
@@ -257,7 +297,10 @@ mod tests {
         let text = "[default]\naws_access_key_id = A\naws_secret_access_key=B\n\n[profile ci]\naws_access_key_id = C\n";
         assert_eq!(
             profile_values(text, "default").unwrap(),
-            vec![("aws_access_key_id".to_owned(), "A".to_owned()), ("aws_secret_access_key".to_owned(), "B".to_owned())]
+            vec![
+                ("aws_access_key_id".to_owned(), "A".to_owned()),
+                ("aws_secret_access_key".to_owned(), "B".to_owned())
+            ]
         );
         assert_eq!(profile_values(text, "ci").unwrap(), vec![("aws_access_key_id".to_owned(), "C".to_owned())]);
         assert!(profile_values(text, "missing").is_none());
@@ -269,7 +312,9 @@ mod tests {
         assert_eq!(store.describe(), "s3://bucket/some/prefix?endpoint=http://127.0.0.1:9/");
         assert!(S3Store::open("s3://user:secret@bucket/p").is_err());
         assert!(S3Store::open("s3:///p").is_err());
-        assert!(S3Store::open("s3://bucket/../p").is_err());
+        assert!(S3Store::open("s3://bucket/a//p").is_err());
+        // The URL parser resolves dot segments: nothing can climb out of the bucket.
+        assert_eq!(S3Store::open("s3://bucket/../p").unwrap().describe(), "s3://bucket/p");
         assert!(S3Store::open("s3://bucket/p?unknown=1").is_err());
     }
 }
