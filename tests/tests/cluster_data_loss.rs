@@ -200,6 +200,7 @@ async fn a_node_refuses_release_destroy_and_provision_from_an_older_generation()
         spec: None,
         fresh: true,
         owner: String::new(),
+        ..Default::default()
     };
     let status = client.provision(at(provision, stale)).await.expect_err("a stale provision was obeyed");
     assert_eq!(ErrorKind::of(&status), Some(ErrorKind::StaleGeneration), "{status:?}");

@@ -379,6 +379,7 @@ impl SimNode {
                     mcp_clients_live: 0,
                 })
                 .collect(),
+            snapshots: Vec::new(),
         }
     }
 }

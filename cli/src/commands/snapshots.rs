@@ -5,8 +5,7 @@ use berth_proto::v1::{ListSnapshotsRequest, RestoreWorkspaceRequest, Snapshot, S
 use serde::Serialize;
 
 use crate::client::{RpcResultExt, WorkspaceClient};
-use crate::commands::ws::WorkspaceView;
-use crate::format::{rfc3339_opt, rfc3339_seconds_cell};
+use crate::format::{rfc3339_opt, rfc3339_seconds_cell, workspace_origin_name};
 use crate::global::GlobalArgs;
 use crate::io::Io;
 use crate::output::{Table, emit, emit_message};
@@ -41,6 +40,18 @@ impl From<&Snapshot> for SnapshotView {
             duration_ms: snapshot.duration_ms,
         }
     }
+}
+
+/// JSON form of a restore: the workspace's placement and origin after it.
+#[derive(Debug, Serialize)]
+pub struct RestoredView {
+    pub workspace_id: String,
+    pub node_id: String,
+    pub generation: u64,
+    pub origin: String,
+    pub origin_generation: u64,
+    pub origin_snapshot_id: String,
+    pub origin_snapshot_time: Option<String>,
 }
 
 fn snapshots_table(snapshots: &[Snapshot]) -> Table {
@@ -111,7 +122,15 @@ pub async fn restore(
         .await
         .rpc_context(|| format!("restore workspace {workspace}"))?
         .into_inner();
-    let view = WorkspaceView::from(&restored);
+    let view = RestoredView {
+        workspace_id: restored.workspace_id.clone(),
+        node_id: restored.node_id.clone(),
+        generation: restored.generation,
+        origin: workspace_origin_name(restored.origin),
+        origin_generation: restored.origin_generation,
+        origin_snapshot_id: restored.origin_snapshot_id.clone(),
+        origin_snapshot_time: rfc3339_opt(restored.origin_snapshot_time.as_ref()),
+    };
     let message = format!(
         "restored workspace {workspace} from snapshot {} (generation {}, node {})",
         view.origin_snapshot_id, view.generation, view.node_id

@@ -48,10 +48,11 @@ pub struct AdminApi {
     keys: Keys,
     replica_id: String,
     /// Moves workspaces off a draining node (set by `with_migration`).
-    migration: Option<drain::Migration>,
+    migration: Option<Migration>,
 }
 
-mod drain;
+pub mod drain;
+use drain::Migration;
 
 impl AdminApi {
     pub fn new(
@@ -74,8 +75,33 @@ impl AdminApi {
         snapshots: crate::snapshots::SnapshotsRef,
         snapshot_timeout: std::time::Duration,
     ) -> Self {
-        self.migration = Some(drain::Migration { binder, snapshots, snapshot_timeout });
+        self.migration = Some(Migration {
+            binder,
+            snapshots,
+            snapshot_timeout,
+            store: Arc::clone(&self.store),
+            nodes: Arc::clone(&self.nodes),
+        });
         self
+    }
+
+    fn migrates(&self, node_id: &str) -> bool {
+        self.migration.as_ref().is_some_and(|migration| migration.migrates(node_id))
+    }
+
+    /// The migrating drain of `node_id` (`admin/drain.rs`).
+    async fn migrate(
+        &self,
+        by: &str,
+        node_id: &str,
+        workspaces: Vec<v1::DrainedWorkspace>,
+        progress: tokio::sync::mpsc::Sender<v1::DrainProgress>,
+    ) -> Result<(), Status> {
+        let Some(migration) = &self.migration else {
+            return Err(ControlPlaneError::SnapshotsDisabled { what: format!("migrating node {node_id}") }.into());
+        };
+        let ids = workspaces.iter().map(|workspace| workspace.workspace_id.clone()).collect();
+        migration.migrate(by, node_id, workspaces, progress, self.write_drain(node_id, by, ids)).await
     }
 
     /// The node-agent client of a live node.

@@ -17,44 +17,48 @@ use berth_proto::v1;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::AdminApi;
 use crate::binding::{BindRequest, Binder};
 use crate::error::ControlPlaneError;
-use crate::node_client::node_request;
+use crate::node_client::{NodeClients, node_request};
 use crate::records::Origin;
 use crate::snapshots::{SnapshotsRef, pointer_of};
+use crate::store::WorkspaceStoreRef;
 
 #[derive(Clone)]
-pub(super) struct Migration {
-    pub(super) binder: Arc<Binder>,
-    pub(super) snapshots: SnapshotsRef,
-    pub(super) snapshot_timeout: Duration,
+pub struct Migration {
+    pub binder: Arc<Binder>,
+    pub snapshots: SnapshotsRef,
+    pub snapshot_timeout: Duration,
+    pub store: WorkspaceStoreRef,
+    pub nodes: Arc<NodeClients>,
 }
 
-impl AdminApi {
+impl Migration {
     /// Whether a drain of `node_id` without `force` migrates its workspaces: the replicas
     /// and the node take snapshots, and another live, undrained node does too (a drain of
     /// the only node would strand its workspaces).
-    pub(super) fn migrates(&self, node_id: &str) -> bool {
-        self.migration.as_ref().is_some_and(|migration| migration.snapshots.enabled())
+    pub fn migrates(&self, node_id: &str) -> bool {
+        self.snapshots.enabled()
             && self.store.node(node_id).is_some_and(|node| node.snapshots)
             && self.store.live_nodes().iter().any(|node| {
                 node.node_id != node_id && node.snapshots && self.store.node_holds_workspaces(&node.node_id)
             })
     }
 
-    /// Snapshots, drains and moves every workspace in `workspaces`, sending one progress
-    /// message per moved workspace.
-    pub(super) async fn migrate(
+    /// Snapshots, drains (`write_drain` writes the drain key) and moves every workspace in
+    /// `workspaces`, sending one progress message per moved workspace.
+    pub async fn migrate<F>(
         &self,
         by: &str,
         node_id: &str,
         workspaces: Vec<v1::DrainedWorkspace>,
         progress: mpsc::Sender<v1::DrainProgress>,
-    ) -> Result<(), Status> {
-        let Some(migration) = &self.migration else {
-            return Err(ControlPlaneError::SnapshotsDisabled { what: format!("migrating node {node_id}") }.into());
-        };
+        write_drain: F,
+    ) -> Result<(), Status>
+    where
+        F: std::future::Future<Output = Result<(), Status>>,
+    {
+        let migration = self;
         let node =
             self.store.node(node_id).ok_or_else(|| ControlPlaneError::NodeNotFound { node_id: node_id.to_owned() })?;
         let total = workspaces.len() as u32;
@@ -86,8 +90,7 @@ impl AdminApi {
             )));
         }
         // 2. The drain key: from now on every replica moves these workspaces.
-        let ids = workspaces.iter().map(|workspace| workspace.workspace_id.clone()).collect();
-        self.write_drain(node_id, by, ids).await?;
+        write_drain.await?;
         tracing::info!(node_id, workspaces = total, by, "node drained; moving its workspaces");
         // 3. Move each one (its bind snapshots it once more under its lock).
         for (index, workspace) in workspaces.iter().enumerate() {
