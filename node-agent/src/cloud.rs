@@ -6,6 +6,7 @@
 use berth_workspace::{BackendDriverRef, WorkspaceError};
 
 pub use berth_backend_e2b::E2bConfig;
+pub use berth_backend_kubernetes::KubernetesConfig;
 
 /// Settings of the cloud backends this node may offer.
 #[derive(Clone, Debug)]
@@ -16,16 +17,19 @@ pub struct CloudConfig {
     pub key_prefix: String,
     /// `--backend e2b`: E2B (`--e2b-*` flags).
     pub e2b: Option<berth_backend_e2b::E2bConfig>,
+    /// `--backend kubernetes`: a PVC and a Pod per workspace (`--kube-*` flags; without
+    /// `--kube-config-file`, the in-cluster service account).
+    pub kubernetes: Option<berth_backend_kubernetes::KubernetesConfig>,
 }
 
 impl Default for CloudConfig {
     fn default() -> Self {
-        Self { key_prefix: "/berth".to_owned(), e2b: None }
+        Self { key_prefix: "/berth".to_owned(), e2b: None, kubernetes: None }
     }
 }
 
 /// Cloud backend names this build knows.
-pub const CLOUD_BACKENDS: &[&str] = &[berth_backend_e2b::BACKEND_NAME];
+pub const CLOUD_BACKENDS: &[&str] = &[berth_backend_e2b::BACKEND_NAME, berth_backend_kubernetes::BACKEND_NAME];
 
 /// The driver of cloud backend `name`, or `None` when `name` is not a cloud backend.
 pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRef, WorkspaceError>> {
@@ -38,6 +42,17 @@ pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRe
             Some(e2b) => {
                 let e2b = berth_backend_e2b::E2bConfig { cluster_prefix: config.key_prefix.clone(), ..e2b.clone() };
                 berth_backend_e2b::E2bDriver::new(e2b).map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
+            }
+        }),
+        berth_backend_kubernetes::BACKEND_NAME => Some(match &config.kubernetes {
+            None => missing("--kube-namespace"),
+            Some(kubernetes) => {
+                let kubernetes = berth_backend_kubernetes::KubernetesConfig {
+                    cluster_prefix: config.key_prefix.clone(),
+                    ..kubernetes.clone()
+                };
+                berth_backend_kubernetes::KubernetesDriver::new(kubernetes)
+                    .map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
             }
         }),
         _ => None,

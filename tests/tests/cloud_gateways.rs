@@ -204,3 +204,6 @@ macro_rules! cloud_suite {
 }
 
 cloud_suite!(e2b, async { Ok(Arc::new(berth_tests::cloud::E2bProvider::start().await?) as Arc<dyn CloudProvider>) });
+cloud_suite!(kubernetes, async {
+    Ok(Arc::new(berth_tests::cloud::KubernetesProvider::start().await?) as Arc<dyn CloudProvider>)
+});
