@@ -16,7 +16,7 @@ use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use berth_workspace::backend::{ByteStream, WriteOptions};
-use berth_workspace::error::{Result, WorkspaceError};
+use berth_workspace::error::WorkspaceError;
 use berth_workspace::path::RelPath;
 
 use crate::config::BACKEND_NAME;
@@ -132,6 +132,10 @@ pub(crate) async fn write_file(
     };
     let mut written: u64 = 0;
     let mut failed: Option<WorkspaceError> = None;
+    // Ends early when the staging command does (it failed): a write into a finished
+    // stream would wait forever.
+    let mut status = status.map(Box::pin);
+    let mut early_exit = None;
     while let Some(chunk) = data.next().await {
         let chunk: Bytes = match chunk {
             Ok(chunk) => chunk,
@@ -145,10 +149,20 @@ pub(crate) async fn write_file(
             failed = Some(WorkspaceError::LimitExceeded { limit: "file size", size: written, max: options.max_bytes });
             break;
         }
-        if stdin.write_all(&chunk).await.is_err() {
+        let wrote = match status.as_mut() {
+            Some(ending) => tokio::select! {
+                wrote = stdin.write_all(&chunk) => wrote.is_ok(),
+                exit = ending.as_mut() => {
+                    early_exit = Some(exit_of(exit.as_ref()));
+                    false
+                }
+            },
+            None => stdin.write_all(&chunk).await.is_ok(),
+        };
+        if !wrote {
             failed = Some(WorkspaceError::BackendUnavailable {
                 backend: BACKEND_NAME,
-                reason: format!("writing {display:?}: the exec stream broke"),
+                reason: format!("writing {display:?}: the staging command ended early ({early_exit:?})"),
             });
             break;
         }

@@ -114,7 +114,7 @@ pub(crate) async fn spawn(target: &Target, kill_target: Target, scripts: Scripts
         Ok(rest) => {
             let stderr: BoxedReader = Box::pin(Cursor::new(rest).chain(stderr));
             Ok(Spawned {
-                stdin: Box::pin(stdin) as BoxedWriter,
+                stdin: Box::pin(ClosingWriter(Some(stdin))) as BoxedWriter,
                 stdout: Box::pin(stdout) as BoxedReader,
                 stderr,
                 control: Box::new(control),
@@ -168,11 +168,19 @@ impl ProcessControl for KubeControl {
         if let Some(exit) = self.exit {
             return Ok(exit);
         }
-        let status = match self.status.take() {
+        // Cancellation-safe: the status future stays in `self` until it resolved (the exec
+        // engine polls `wait` in a select).
+        let status = match self.status.as_mut() {
             Some(future) => future.await,
             None => None,
         };
-        self.attached = None;
+        self.status = None;
+        let attached = self.attached.take();
+        // Why the stream ended without a status, for the error below.
+        let broke = match (&status, attached) {
+            (None, Some(attached)) => attached.join().await.err().map(|error| error.to_string()),
+            _ => None,
+        };
         match exit_of(status.as_ref()) {
             Some(exit) => {
                 self.exit = Some(exit);
@@ -183,7 +191,10 @@ impl ProcessControl for KubeControl {
                 backend: BACKEND_NAME,
                 reason: match status {
                     Some(status) => format!("the exec failed: {}", status.message.unwrap_or_default()),
-                    None => "the exec stream broke before the process ended".into(),
+                    None => format!(
+                        "the exec stream broke before the process ended ({})",
+                        broke.unwrap_or_else(|| "no error".into())
+                    ),
                 },
             }),
         }
@@ -206,6 +217,60 @@ impl Drop for KubeControl {
                 if let Err(error) = kill.run().await {
                     tracing::warn!(%error, "could not kill a dropped process");
                 }
+            });
+        }
+    }
+}
+
+/// The exec's stdin; dropped without `shutdown`, it still ends the process's input (the
+/// half of kube's pipe only reports EOF when shut down).
+struct ClosingWriter<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(Option<W>);
+
+impl<W: tokio::io::AsyncWrite + Unpin + Send + 'static> tokio::io::AsyncWrite for ClosingWriter<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.0.as_mut() {
+            Some(writer) => std::pin::Pin::new(writer).poll_write(context, data),
+            None => std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into())),
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.0.as_mut() {
+            Some(writer) => std::pin::Pin::new(writer).poll_flush(context),
+            None => std::task::Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let result = match self.0.as_mut() {
+            Some(writer) => std::pin::Pin::new(writer).poll_shutdown(context),
+            None => return std::task::Poll::Ready(Ok(())),
+        };
+        if result.is_ready() {
+            self.0 = None;
+        }
+        result
+    }
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin + Send + 'static> Drop for ClosingWriter<W> {
+    fn drop(&mut self) {
+        if let Some(mut writer) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let _ = writer.shutdown().await;
             });
         }
     }

@@ -16,7 +16,7 @@ use kube::Api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use berth_workspace::backend::ExitInfo;
-use berth_workspace::error::{Result, WorkspaceError};
+use berth_workspace::error::WorkspaceError;
 
 use crate::api::map_error;
 use crate::config::BACKEND_NAME;
@@ -106,12 +106,14 @@ impl Target {
         let status = attached.take_status();
         let mut stdout_pipe = attached.stdout();
         let mut stderr_pipe = attached.stderr();
-        let feed = async {
-            if let (Some(data), Some(mut writer)) = (stdin, attached.stdin()) {
-                // A command that stops reading is not an error here: its status says.
+        // The feed runs apart: a command that exits without reading all of it ends the
+        // stream, and a write into the finished stream would wait forever.
+        let feed = match (stdin, attached.stdin()) {
+            (Some(data), Some(mut writer)) => Some(tokio::spawn(async move {
                 let _ = writer.write_all(&data).await;
                 let _ = writer.shutdown().await;
-            }
+            })),
+            _ => None,
         };
         let read_out = async {
             let mut out = Vec::new();
@@ -127,7 +129,10 @@ impl Target {
             }
             err
         };
-        let ((), stdout, stderr) = tokio::join!(feed, read_out, read_err);
+        let (stdout, stderr) = tokio::join!(read_out, read_err);
+        if let Some(feed) = feed {
+            feed.abort();
+        }
         let status = match status {
             Some(status) => status.await,
             None => None,

@@ -188,11 +188,19 @@ where
         let mut healthy = true;
         while let Some(message) = to_send.recv().await {
             // A client that went away: keep draining, so the pumps do not block.
-            if healthy && sink.send(message).await.is_err() {
+            if healthy && let Err(error) = sink.send(message).await {
+                eprintln!("DEBUG emulator exec send failed: {error}");
                 healthy = false;
             }
         }
+        // A normal closure (1000): clients read it as the end of every channel (kubectl
+        // reports a close without a code as an error).
         if healthy {
+            let close = tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Normal,
+                reason: "".into(),
+            };
+            let _ = sink.send(Message::Close(Some(close))).await;
             let _ = sink.close().await;
         }
     });
@@ -236,7 +244,13 @@ where
     let mut stdin = child.stdin.take();
     let reader = tokio::spawn(async move {
         while let Some(message) = source.next().await {
-            let Ok(message) = message else { break };
+            let message = match message {
+                Ok(message) => message,
+                Err(error) => {
+                    eprintln!("DEBUG emulator exec read failed: {error}");
+                    break;
+                }
+            };
             match message {
                 Message::Binary(data) if data.len() >= 2 && data[0] == CLOSE && data[1] == STDIN => {
                     stdin = None;
@@ -248,7 +262,10 @@ where
                         stdin = None;
                     }
                 }
-                Message::Close(_) => break,
+                Message::Close(frame) => {
+                    eprintln!("DEBUG emulator exec got close {frame:?}");
+                    break;
+                }
                 _ => {}
             }
         }

@@ -1,4 +1,5 @@
-//! The HTTP listener: bearer-token authentication, discovery (`/version`, `/api`, `/apis`,
+//! The HTTP listener: bearer-token authentication (a wrong token is 401; no token is the
+//! anonymous user), discovery (`/version`, `/api`, `/apis`,
 //! `/api/v1`), namespaced Pods and PVCs (list with label and field selectors, create, get,
 //! replace, merge patch, delete, delete collection; `Table` answers for kubectl), and
 //! `pods/exec`. Started and stopped with [`Emulator`].
@@ -141,12 +142,16 @@ fn error_response(error: &ApiError) -> Response {
 }
 
 async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
-    let authorized = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .is_some_and(|token| token == shared.token);
+    // A wrong credential is refused; none at all is `system:anonymous` (kubectl sends no
+    // bearer token over plain HTTP, and TLS is not emulated).
+    let authorized = match request.headers().get(header::AUTHORIZATION) {
+        None => true,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .is_some_and(|token| token == shared.token),
+    };
     if !authorized {
         return error_response(&ApiError::new(401, "Unauthorized", "Unauthorized"));
     }
