@@ -87,6 +87,7 @@ async fn client_floor(python: &Path, emulator: &Emulator, rounds: usize) -> Resu
 import json, statistics, sys, time
 from kubernetes import client, config
 from kubernetes.stream import stream
+from websocket import ABNF
 config.load_kube_config()
 core = client.CoreV1Api()
 ns, rounds = sys.argv[1], int(sys.argv[2])
@@ -97,7 +98,7 @@ def run(name, command, stdin=None):
                 stdin=stdin is not None, stdout=True, tty=False, _preload_content=False)
     if stdin is not None:
         ws.write_stdin(stdin)
-        ws.close_stdin() if hasattr(ws, "close_stdin") else None
+        ws.sock.send(bytes([255, 0]), opcode=ABNF.OPCODE_BINARY)
     out = ""
     while ws.is_open():
         ws.update(timeout=1)

@@ -10,6 +10,7 @@ import time
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
+from websocket import ABNF
 
 NS = sys.argv[1] if len(sys.argv) > 1 else "default"
 
@@ -82,7 +83,9 @@ def main():
     ws = stream(core.connect_get_namespaced_pod_exec, "py-pod", NS, command=["sh", "-c", "cat; echo err >&2; exit 3"],
                 stderr=True, stdin=True, stdout=True, tty=False, _preload_content=False)
     ws.write_stdin("from stdin\n")
-    ws.close_stdin() if hasattr(ws, "close_stdin") else None
+    # v5 ends stdin with a [255, 0] frame (this client has no call for it).
+    assert ws.subprotocol == "v5.channel.k8s.io", ws.subprotocol
+    ws.sock.send(bytes([255, 0]), opcode=ABNF.OPCODE_BINARY)
     out, err = "", ""
     deadline = time.time() + 20
     while ws.is_open() and time.time() < deadline:

@@ -189,7 +189,7 @@ where
         while let Some(message) = to_send.recv().await {
             // A client that went away: keep draining, so the pumps do not block.
             if healthy && let Err(error) = sink.send(message).await {
-                eprintln!("DEBUG emulator exec send failed: {error}");
+                tracing::debug!(%error, "exec: the client went away");
                 healthy = false;
             }
         }
@@ -247,13 +247,22 @@ where
             let message = match message {
                 Ok(message) => message,
                 Err(error) => {
-                    eprintln!("DEBUG emulator exec read failed: {error}");
+                    tracing::debug!(%error, "exec: reading from the client failed");
                     break;
                 }
             };
             match message {
                 Message::Binary(data) if data.len() >= 2 && data[0] == CLOSE && data[1] == STDIN => {
                     stdin = None;
+                }
+                // The Python client sends stdin as text frames (the server takes the bytes
+                // of either kind).
+                Message::Text(text) if text.as_bytes().first() == Some(&STDIN) => {
+                    if let Some(pipe) = stdin.as_mut()
+                        && pipe.write_all(&text.as_bytes()[1..]).await.is_err()
+                    {
+                        stdin = None;
+                    }
                 }
                 Message::Binary(data) if !data.is_empty() && data[0] == STDIN => {
                     if let Some(pipe) = stdin.as_mut()
@@ -262,10 +271,7 @@ where
                         stdin = None;
                     }
                 }
-                Message::Close(frame) => {
-                    eprintln!("DEBUG emulator exec got close {frame:?}");
-                    break;
-                }
+                Message::Close(_) => break,
                 _ => {}
             }
         }
