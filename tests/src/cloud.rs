@@ -150,8 +150,7 @@ impl CloudProvider for KubernetesProvider {
 
     async fn sandboxes_of(&self, key_prefix: &str, workspace_id: &str) -> Vec<String> {
         let Ok(id) = WorkspaceId::new(workspace_id) else { return Vec::new() };
-        let selector =
-            berth_backend_kubernetes::label_keys::workspace_selector(key_prefix.trim_end_matches('/'), &id);
+        let selector = berth_backend_kubernetes::label_keys::workspace_selector(key_prefix.trim_end_matches('/'), &id);
         let mut names: Vec<String> = self
             .emulator
             .list(berth_kubernetes_emulator::PVCS, KUBE_NAMESPACE, &selector)

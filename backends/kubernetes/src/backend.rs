@@ -106,13 +106,13 @@ impl KubernetesBackend {
             }
             Err(error) => return Err(error),
         };
-        let staged = self.settle(self.pod.holder.run(self.pod.scripts.holder_stage(&hex::encode(pin)), Some(bytes)).await).await?;
+        let staged = self
+            .settle(self.pod.holder.run(self.pod.scripts.holder_stage(&hex::encode(pin)), Some(bytes)).await)
+            .await?;
         match staged.code() {
             Some(0) => {}
             Some(FAILED_EXIT_CODE) if staged.stderr.contains("berth-error pin") => {
-                return Err(WorkspaceError::InvalidArgument(format!(
-                    "{program:?} does not match its pinned sha256"
-                )));
+                return Err(WorkspaceError::InvalidArgument(format!("{program:?} does not match its pinned sha256")));
             }
             _ => {
                 return Err(WorkspaceError::Backend {
@@ -144,7 +144,9 @@ impl Backend for KubernetesBackend {
         let program = spec.argv[0].clone();
         let cwd = spec.cwd.as_fs_str().to_owned();
         let (argv, target, holder) = match spec.role {
-            SpawnRole::Agent => (handle.scripts.spawn(&nonce, spec.cwd.as_str(), &spec.env, &spec.argv), &handle.agent, false),
+            SpawnRole::Agent => {
+                (handle.scripts.spawn(&nonce, spec.cwd.as_str(), &spec.env, &spec.argv), &handle.agent, false)
+            }
             SpawnRole::SecretHolder => {
                 let mut program_argv = spec.argv.clone();
                 let dir = self.holder_program(spec, &mut program_argv).await?;
@@ -163,7 +165,8 @@ impl Backend for KubernetesBackend {
 
     async fn write_file(&self, path: &RelPath, data: ByteStream, options: WriteOptions) -> Result<u64> {
         let handle = &self.pod;
-        self.settle(files::write_file(&handle.agent, &handle.scripts, &handle.state_dir, path, data, options).await).await
+        self.settle(files::write_file(&handle.agent, &handle.scripts, &handle.state_dir, path, data, options).await)
+            .await
     }
 }
 

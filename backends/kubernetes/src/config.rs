@@ -97,7 +97,10 @@ impl KubernetesConfig {
             return invalid(format!("namespace {:?} is not a DNS label", self.namespace));
         }
         if !safe_absolute(&self.workspace_dir) || self.workspace_dir.starts_with(STATE_DIR) {
-            return invalid(format!("workspace dir {:?} must be an absolute path of [A-Za-z0-9._-] components", self.workspace_dir));
+            return invalid(format!(
+                "workspace dir {:?} must be an absolute path of [A-Za-z0-9._-] components",
+                self.workspace_dir
+            ));
         }
         if self.cluster_prefix.is_empty() {
             return invalid("the cluster prefix is empty".into());
@@ -121,8 +124,7 @@ impl KubernetesConfig {
         if !matches!(self.pull_policy.as_str(), "Always" | "IfNotPresent" | "Never") {
             return invalid(format!("pull policy {:?} is not Always, IfNotPresent or Never", self.pull_policy));
         }
-        if self.agent_user.0 == 0 || self.secret_holder_user.0 == 0 || self.agent_user.0 == self.secret_holder_user.0
-        {
+        if self.agent_user.0 == 0 || self.secret_holder_user.0 == 0 || self.agent_user.0 == self.secret_holder_user.0 {
             return invalid("the agent and secret-holder users must be two different non-root uids".into());
         }
         Ok(())

@@ -112,7 +112,11 @@ impl KubernetesDriver {
         self.handles.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn names_workspace(&self, id: &WorkspaceId, metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    fn names_workspace(
+        &self,
+        id: &WorkspaceId,
+        metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> bool {
         labels::workspace_id(metadata.labels.as_ref(), metadata.annotations.as_ref()).as_ref() == Some(id)
     }
 
@@ -192,7 +196,12 @@ impl KubernetesDriver {
     }
 
     /// Writes `generation` on an adopted PVC (compare: its `resourceVersion`).
-    async fn claim(&self, id: &WorkspaceId, mut pvc: PersistentVolumeClaim, generation: u64) -> Result<PersistentVolumeClaim> {
+    async fn claim(
+        &self,
+        id: &WorkspaceId,
+        mut pvc: PersistentVolumeClaim,
+        generation: u64,
+    ) -> Result<PersistentVolumeClaim> {
         let kube = self.kube().await?;
         let name = pvc.metadata.name.clone().unwrap_or_default();
         for _ in 0..ADOPT_ROUNDS {
@@ -281,7 +290,9 @@ impl KubernetesDriver {
             .find_pods(id)
             .await?
             .into_iter()
-            .filter(|pod| pod.metadata.name.as_deref() != Some(name.as_str()) || pod_generation(pod) < placement.generation)
+            .filter(|pod| {
+                pod.metadata.name.as_deref() != Some(name.as_str()) || pod_generation(pod) < placement.generation
+            })
             .collect();
         if !stale.is_empty() {
             self.delete_pods(&stale).await?;
@@ -494,9 +505,8 @@ impl BackendDriver for KubernetesDriver {
     /// cluster's label.
     async fn remove_labelled(&self, sandbox: &LabelledSandbox) -> Result<()> {
         let kube = self.kube().await?;
-        let foreign = || {
-            Err(WorkspaceError::InvalidArgument(format!("{} does not belong to this cluster", sandbox.provider_id)))
-        };
+        let foreign =
+            || Err(WorkspaceError::InvalidArgument(format!("{} does not belong to this cluster", sandbox.provider_id)));
         if let Some(id) = &sandbox.workspace_id {
             self.handles().remove(id);
         }

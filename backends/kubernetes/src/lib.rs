@@ -30,7 +30,9 @@ mod remote;
 mod scripts;
 
 pub use backend::KubernetesBackend;
-pub use config::{BACKEND_NAME, DEFAULT_AGENT_USER, DEFAULT_SECRET_HOLDER_USER, KubernetesConfig, STATE_DIR, WORKSPACE_DIR};
+pub use config::{
+    BACKEND_NAME, DEFAULT_AGENT_USER, DEFAULT_SECRET_HOLDER_USER, KubernetesConfig, STATE_DIR, WORKSPACE_DIR,
+};
 pub use driver::KubernetesDriver;
 pub use manifests::{HOLDER_CONTAINER, WORKSPACE_CONTAINER};
 

@@ -25,8 +25,10 @@ pub const HOLDER_CONTAINER: &str = "secret-holder";
 const IDLE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 
 fn decode<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T> {
-    serde_json::from_value(value)
-        .map_err(|error| WorkspaceError::Backend { backend: BACKEND_NAME, message: format!("build the {what}: {error}") })
+    serde_json::from_value(value).map_err(|error| WorkspaceError::Backend {
+        backend: BACKEND_NAME,
+        message: format!("build the {what}: {error}"),
+    })
 }
 
 pub fn pvc(

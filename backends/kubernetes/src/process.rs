@@ -95,7 +95,12 @@ async fn handshake<R: AsyncRead + Unpin>(stderr: &mut R, nonce: &str) -> Result<
 }
 
 /// Starts a process (see the module docs).
-pub(crate) async fn spawn(target: &Target, kill_target: Target, scripts: Scripts, launch: Launch) -> ExecResult<Spawned> {
+pub(crate) async fn spawn(
+    target: &Target,
+    kill_target: Target,
+    scripts: Scripts,
+    launch: Launch,
+) -> ExecResult<Spawned> {
     let mut attached = target.attach(launch.argv, true).await?;
     let (Some(stdin), Some(stdout), Some(mut stderr)) = (attached.stdin(), attached.stdout(), attached.stderr()) else {
         return Err(ExecError::Other(WorkspaceError::Backend {
@@ -128,8 +133,9 @@ pub(crate) async fn spawn(target: &Target, kill_target: Target, scripts: Scripts
     }
 }
 
-type StatusFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>> + Send>>;
+type StatusFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>> + Send>,
+>;
 
 struct Kill {
     target: Target,

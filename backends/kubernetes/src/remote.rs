@@ -11,8 +11,8 @@
 use bytes::Bytes;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
-use kube::api::{AttachParams, AttachedProcess};
 use kube::Api;
+use kube::api::{AttachParams, AttachedProcess};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use berth_workspace::backend::ExitInfo;

@@ -131,20 +131,11 @@ impl Container {
 }
 
 fn bwrap_args(spec: &ContainerSpec) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--unshare-all",
-        "--unshare-user",
-        "--die-with-parent",
-        "--info-fd",
-        "1",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-    ]
-    .iter()
-    .map(|arg| (*arg).to_owned())
-    .collect();
+    let mut args: Vec<String> =
+        ["--unshare-all", "--unshare-user", "--die-with-parent", "--info-fd", "1", "--proc", "/proc", "--dev", "/dev"]
+            .iter()
+            .map(|arg| (*arg).to_owned())
+            .collect();
     args.extend(["--uid".to_owned(), spec.uid.to_string(), "--gid".to_owned(), spec.gid.to_string()]);
     args.extend(["--hostname".to_owned(), spec.hostname.clone()]);
     // The "image": the host's system directories, read-only.

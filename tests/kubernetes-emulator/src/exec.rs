@@ -86,15 +86,13 @@ fn decode(text: &str) -> String {
     while index < bytes.len() {
         match bytes[index] {
             b'+' => out.push(b' '),
-            b'%' if index + 2 < bytes.len() => {
-                match (hex(bytes[index + 1]), hex(bytes[index + 2])) {
-                    (Some(high), Some(low)) => {
-                        out.push(high * 16 + low);
-                        index += 2;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if index + 2 < bytes.len() => match (hex(bytes[index + 1]), hex(bytes[index + 2])) {
+                (Some(high), Some(low)) => {
+                    out.push(high * 16 + low);
+                    index += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             byte => out.push(byte),
         }
         index += 1;
