@@ -5,8 +5,9 @@
 
 use berth_workspace::{BackendDriverRef, WorkspaceError};
 
-pub use berth_backend_e2b::E2bConfig;
 pub use berth_backend_daytona::DaytonaConfig;
+pub use berth_backend_e2b::E2bConfig;
+pub use berth_backend_kubernetes::KubernetesConfig;
 pub use berth_backend_opensandbox::OpenSandboxConfig;
 
 /// Settings of the cloud backends this node may offer.
@@ -22,17 +23,24 @@ pub struct CloudConfig {
     pub opensandbox: Option<berth_backend_opensandbox::OpenSandboxConfig>,
     /// `--backend daytona`: Daytona (`--daytona-*` flags).
     pub daytona: Option<berth_backend_daytona::DaytonaConfig>,
+    /// `--backend kubernetes`: a PVC and a Pod per workspace (`--kube-*` flags; without
+    /// `--kube-config-file`, the in-cluster service account).
+    pub kubernetes: Option<berth_backend_kubernetes::KubernetesConfig>,
 }
 
 impl Default for CloudConfig {
     fn default() -> Self {
-        Self { key_prefix: "/berth".to_owned(), e2b: None, opensandbox: None, daytona: None }
+        Self { key_prefix: "/berth".to_owned(), e2b: None, opensandbox: None, daytona: None, kubernetes: None }
     }
 }
 
 /// Cloud backend names this build knows.
-pub const CLOUD_BACKENDS: &[&str] =
-    &[berth_backend_e2b::BACKEND_NAME, berth_backend_opensandbox::BACKEND_NAME, berth_backend_daytona::BACKEND_NAME];
+pub const CLOUD_BACKENDS: &[&str] = &[
+    berth_backend_e2b::BACKEND_NAME,
+    berth_backend_opensandbox::BACKEND_NAME,
+    berth_backend_daytona::BACKEND_NAME,
+    berth_backend_kubernetes::BACKEND_NAME,
+];
 
 /// The driver of cloud backend `name`, or `None` when `name` is not a cloud backend.
 pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRef, WorkspaceError>> {
@@ -61,9 +69,22 @@ pub fn driver(name: &str, config: &CloudConfig) -> Option<Result<BackendDriverRe
         berth_backend_daytona::BACKEND_NAME => Some(match &config.daytona {
             None => missing("--daytona-api-key-file"),
             Some(daytona) => {
-                let daytona =
-                    berth_backend_daytona::DaytonaConfig { cluster_prefix: config.key_prefix.clone(), ..daytona.clone() };
+                let daytona = berth_backend_daytona::DaytonaConfig {
+                    cluster_prefix: config.key_prefix.clone(),
+                    ..daytona.clone()
+                };
                 berth_backend_daytona::DaytonaDriver::new(daytona)
+                    .map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
+            }
+        }),
+        berth_backend_kubernetes::BACKEND_NAME => Some(match &config.kubernetes {
+            None => missing("--kube-namespace"),
+            Some(kubernetes) => {
+                let kubernetes = berth_backend_kubernetes::KubernetesConfig {
+                    cluster_prefix: config.key_prefix.clone(),
+                    ..kubernetes.clone()
+                };
+                berth_backend_kubernetes::KubernetesDriver::new(kubernetes)
                     .map(|driver| std::sync::Arc::new(driver) as BackendDriverRef)
             }
         }),

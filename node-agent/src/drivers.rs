@@ -19,6 +19,7 @@ pub const KNOWN_BACKENDS: &[&str] = &[
     berth_backend_e2b::BACKEND_NAME,
     berth_backend_opensandbox::BACKEND_NAME,
     berth_backend_daytona::BACKEND_NAME,
+    berth_backend_kubernetes::BACKEND_NAME,
 ];
 
 /// Builds the drivers named in the config; an unknown name is a configuration error.

@@ -277,3 +277,88 @@ impl CloudProvider for DaytonaProvider {
         Ok(())
     }
 }
+
+/// Kubernetes, through the API-server emulator (`tests/kubernetes-emulator`); a sandbox is
+/// a workspace's PVC (named by the provider id), paused when no Pod runs on it.
+pub struct KubernetesProvider {
+    pub emulator: berth_kubernetes_emulator::Emulator,
+}
+
+/// The namespace the gateways of the Kubernetes tests use.
+pub const KUBE_NAMESPACE: &str = "berth-gateways";
+
+impl KubernetesProvider {
+    pub async fn start() -> anyhow::Result<Self> {
+        let config = berth_kubernetes_emulator::EmulatorConfig {
+            namespace: KUBE_NAMESPACE.to_owned(),
+            ..berth_kubernetes_emulator::EmulatorConfig::for_test()
+        };
+        Ok(Self { emulator: berth_kubernetes_emulator::Emulator::start(config).await? })
+    }
+}
+
+#[async_trait]
+impl CloudProvider for KubernetesProvider {
+    fn backend(&self) -> &'static str {
+        berth_backend_kubernetes::BACKEND_NAME
+    }
+
+    fn node_flags(&self) -> Vec<String> {
+        [
+            "--backend",
+            "kubernetes",
+            "--kube-config-file",
+            &self.emulator.kubeconfig.display().to_string(),
+            "--kube-namespace",
+            KUBE_NAMESPACE,
+            "--kube-image",
+            "berth/base:emulated",
+            "--kube-storage-size",
+            "1Gi",
+        ]
+        .iter()
+        .map(|flag| (*flag).to_owned())
+        .collect()
+    }
+
+    async fn sandboxes_of(&self, key_prefix: &str, workspace_id: &str) -> Vec<String> {
+        let Ok(id) = WorkspaceId::new(workspace_id) else { return Vec::new() };
+        let selector = berth_backend_kubernetes::label_keys::workspace_selector(key_prefix.trim_end_matches('/'), &id);
+        let mut names: Vec<String> = self
+            .emulator
+            .list(berth_kubernetes_emulator::PVCS, KUBE_NAMESPACE, &selector)
+            .iter()
+            .filter_map(|pvc| pvc["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+
+    async fn is_paused(&self, sandbox: &str) -> bool {
+        let pods = self.emulator.list(berth_kubernetes_emulator::PODS, KUBE_NAMESPACE, "");
+        !pods.iter().any(|pod| {
+            pod["spec"]["volumes"].as_array().is_some_and(|volumes| {
+                volumes.iter().any(|volume| volume["persistentVolumeClaim"]["claimName"].as_str() == Some(sandbox))
+            })
+        })
+    }
+
+    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
+        let config = berth_backend_kubernetes::KubernetesConfig {
+            image: "berth/base:emulated".to_owned(),
+            storage_size: "1Gi".to_owned(),
+            ..berth_backend_kubernetes::KubernetesConfig::new(
+                Some(self.emulator.kubeconfig.clone()),
+                KUBE_NAMESPACE,
+                key_prefix.trim_end_matches('/'),
+            )
+        };
+        let driver = berth_backend_kubernetes::KubernetesDriver::connect(config).await?;
+        let id = WorkspaceId::new(workspace_id)?;
+        let root = std::env::temp_dir();
+        let spec = WorkspaceSpec::default();
+        let placement = Placement { generation: 1, owner: "stray", fresh: true };
+        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
+        Ok(())
+    }
+}

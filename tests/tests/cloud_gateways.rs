@@ -210,3 +210,6 @@ cloud_suite!(opensandbox, async {
 cloud_suite!(daytona, async {
     Ok(Arc::new(berth_tests::cloud::DaytonaProvider::start().await?) as Arc<dyn CloudProvider>)
 });
+cloud_suite!(kubernetes, async {
+    Ok(Arc::new(berth_tests::cloud::KubernetesProvider::start().await?) as Arc<dyn CloudProvider>)
+});

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use berth_node_agent::cloud::{CloudConfig, DaytonaConfig, E2bConfig, OpenSandboxConfig};
+use berth_node_agent::cloud::{CloudConfig, DaytonaConfig, E2bConfig, KubernetesConfig, OpenSandboxConfig};
 use clap::Args;
 
 use super::flags::parse_duration;
@@ -87,6 +87,38 @@ pub struct CloudFlags {
     /// Deadline of one request to Daytona (its API or a sandbox's toolbox).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub daytona_request_timeout: Duration,
+
+    /// Kubeconfig file of the cluster workspaces run in (`--backend kubernetes`; its
+    /// current context unless --kube-context). Without it: the in-cluster service account.
+    #[arg(long, env = "BERTH_KUBE_CONFIG_FILE")]
+    pub kube_config_file: Option<PathBuf>,
+    /// Context of --kube-config-file to use.
+    #[arg(long, env = "BERTH_KUBE_CONTEXT")]
+    pub kube_context: Option<String>,
+    /// Namespace of workspace Pods and PVCs (deploy/kubernetes grants exactly one).
+    #[arg(long, env = "BERTH_KUBE_NAMESPACE", default_value = "berth")]
+    pub kube_namespace: String,
+    /// Image of workspace Pods when a spec names none.
+    #[arg(long, env = "BERTH_KUBE_IMAGE", default_value = "berth/base:latest")]
+    pub kube_image: String,
+    /// storageClassName of workspace PVCs (default: the cluster's default class).
+    #[arg(long, env = "BERTH_KUBE_STORAGE_CLASS")]
+    pub kube_storage_class: Option<String>,
+    /// Requested size of a workspace PVC.
+    #[arg(long, default_value = "10Gi")]
+    pub kube_storage_size: String,
+    /// imagePullSecrets of workspace Pods (a Secret in the namespace; repeatable).
+    #[arg(long)]
+    pub kube_pull_secret: Vec<String>,
+    /// CPU limit of a workspace Pod whose spec sets none (millicores, 0: none).
+    #[arg(long, default_value_t = 0)]
+    pub kube_cpu_millis: u32,
+    /// Memory limit of a workspace Pod whose spec sets none (bytes, 0: none).
+    #[arg(long, default_value_t = 0)]
+    pub kube_memory_bytes: u64,
+    /// How long a new workspace Pod may take to become ready.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub kube_pod_ready_timeout: Duration,
 }
 
 impl CloudFlags {
@@ -121,6 +153,17 @@ impl CloudFlags {
             request_timeout: self.daytona_request_timeout,
             ..DaytonaConfig::new(key_file, key_prefix)
         });
-        CloudConfig { key_prefix: key_prefix.to_owned(), e2b, opensandbox, daytona }
+        let kubernetes = KubernetesConfig {
+            context: self.kube_context.clone(),
+            image: self.kube_image.clone(),
+            storage_class: self.kube_storage_class.clone(),
+            storage_size: self.kube_storage_size.clone(),
+            pull_secrets: self.kube_pull_secret.clone(),
+            default_cpu_millis: self.kube_cpu_millis,
+            default_memory_bytes: self.kube_memory_bytes,
+            pod_ready_timeout: self.kube_pod_ready_timeout,
+            ..KubernetesConfig::new(self.kube_config_file.clone(), self.kube_namespace.clone(), key_prefix)
+        };
+        CloudConfig { key_prefix: key_prefix.to_owned(), e2b, opensandbox, daytona, kubernetes: Some(kubernetes) }
     }
 }
