@@ -152,6 +152,19 @@ fn quantity(text: &str) -> bool {
         && matches!(suffix, "" | "k" | "M" | "G" | "T" | "Ki" | "Mi" | "Gi" | "Ti")
 }
 
+/// An absolute, normalised path of `[A-Za-z0-9._-]` components other than `/`: safe to
+/// splice into a script between single quotes.
+pub(crate) fn safe_absolute(path: &str) -> bool {
+    let Some(relative) = path.strip_prefix('/') else { return false };
+    !relative.is_empty()
+        && relative.split('/').all(|component| {
+            !component.is_empty()
+                && component != "."
+                && component != ".."
+                && component.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-'))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,17 +183,4 @@ mod tests {
         bad.secret_holder_user = bad.agent_user;
         assert!(bad.validate().is_err());
     }
-}
-
-/// An absolute, normalised path of `[A-Za-z0-9._-]` components other than `/`: safe to
-/// splice into a script between single quotes.
-pub(crate) fn safe_absolute(path: &str) -> bool {
-    let Some(relative) = path.strip_prefix('/') else { return false };
-    !relative.is_empty()
-        && relative.split('/').all(|component| {
-            !component.is_empty()
-                && component != "."
-                && component != ".."
-                && component.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-'))
-        })
 }
