@@ -128,8 +128,8 @@ impl OpenSandboxProvider {
         }
     }
 
-    async fn docker(args: Vec<String>) -> String {
-        let output = tokio::process::Command::new("docker").args(&args).output().await;
+    async fn docker(args: &[&str]) -> String {
+        let output = tokio::process::Command::new("docker").args(args).output().await;
         output.map(|output| String::from_utf8_lossy(&output.stdout).into_owned()).unwrap_or_default()
     }
 }
@@ -164,7 +164,7 @@ impl CloudProvider for OpenSandboxProvider {
         let cluster = format!("label={}={}", label_keys::CLUSTER, label_keys::cluster_value(key_prefix));
         let workspace = format!("label={}={}", label_keys::WORKSPACE, label_keys::workspace_value(&id));
         let args = ["ps", "-aq", "--no-trunc", "--filter", &cluster, "--filter", &workspace];
-        let listed = Self::docker(args.iter().map(|arg| (*arg).to_owned()).collect()).await;
+        let listed = Self::docker(&args).await;
         let mut containers: Vec<String> = listed.split_whitespace().map(str::to_owned).collect();
         containers.sort();
         containers
@@ -172,7 +172,7 @@ impl CloudProvider for OpenSandboxProvider {
 
     async fn is_paused(&self, sandbox: &str) -> bool {
         let args = ["inspect", "--format", "{{.State.Paused}}", sandbox];
-        Self::docker(args.iter().map(|arg| (*arg).to_owned()).collect()).await.trim() == "true"
+        Self::docker(&args).await.trim() == "true"
     }
 
     /// Retried while the sandbox's daemon is unavailable (a loaded machine can break its
