@@ -104,7 +104,9 @@ impl From<NodeError> for Status {
         let message = error.to_string();
         match error {
             E::Workspace(inner) => status_from_workspace_error(&inner),
-            E::Fenced => ErrorKind::NodeFenced.attach(Status::unavailable(message)),
+            // A fenced node runs nothing: the call may be repeated once the node (or the
+            // workspace's next placement) serves again, and the caller is told so.
+            E::Fenced => berth_proto::meta::mark_retryable(ErrorKind::NodeFenced.attach(Status::unavailable(message))),
             E::StaleGeneration { .. } => ErrorKind::StaleGeneration.attach(Status::failed_precondition(message)),
             E::RestoreElsewhere { .. } => Status::failed_precondition(message),
             E::NotHeld { .. } | E::WrongGeneration { .. } | E::Released { .. } => {

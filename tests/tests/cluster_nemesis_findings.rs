@@ -130,6 +130,12 @@ async fn a_node_stopped_past_its_lease_serves_nothing_when_it_runs_again() {
             }
             Err(status) => {
                 assert_eq!(ErrorKind::of(&status), Some(ErrorKind::NodeFenced), "{status:?}");
+                // Nothing ran, so a client may repeat the call (a restarted node answers this
+                // until its registration is acknowledged, which a replica can route to first).
+                assert!(
+                    berth_proto::meta::is_retryable(&status),
+                    "a fenced refusal is not marked retryable: {status:?}"
+                );
             }
         }
     }
