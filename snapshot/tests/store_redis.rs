@@ -5,10 +5,10 @@
 mod suite;
 
 snapshot_store_suite!(redis, async {
-    let server = suite::servers::redis();
+    let server = berth_testkit::store_servers::redis();
     // A random prefix as well: the store must keep to its prefix.
     let prefix = format!("berth-test:{:016x}", rand::random::<u64>());
-    let url = format!("redis://127.0.0.1:{}/0?prefix={prefix}", server.port);
+    let url = server.redis_url(&prefix);
     let store = berth_snapshot::open(&url).unwrap();
     assert_eq!(store.name(), "redis");
     assert_eq!(store.describe(), url);
@@ -18,7 +18,7 @@ snapshot_store_suite!(redis, async {
 /// A password from a file reaches the server; the description never shows it.
 #[tokio::test]
 async fn password_file_authenticates() {
-    let server = suite::servers::redis();
+    let server = berth_testkit::store_servers::redis();
     let mut connection = ::redis::Client::open(format!("redis://127.0.0.1:{}/0", server.port))
         .unwrap()
         .get_multiplexed_async_connection()

@@ -7,16 +7,10 @@ mod suite;
 
 snapshot_store_suite!(s3, async {
     let bucket = "berth-snapshots";
-    let server = suite::servers::moto(bucket);
-    let credentials = server.dir.path().join("credentials");
-    std::fs::write(&credentials, "[default]\naws_access_key_id = testing\naws_secret_access_key = testing-secret\n")
-        .unwrap();
+    let server = berth_testkit::store_servers::moto(bucket);
     let prefix = format!("ci/{:016x}", rand::random::<u64>());
     let endpoint = format!("http://127.0.0.1:{}", server.port);
-    let url = format!(
-        "s3://{bucket}/{prefix}?endpoint={endpoint}&region=us-east-1&credentials_file={}",
-        credentials.display()
-    );
+    let url = server.s3_url(bucket, &prefix);
     let store = berth_snapshot::open(&url).unwrap();
     assert_eq!(store.name(), "s3");
     assert_eq!(store.describe(), format!("s3://{bucket}/{prefix}?endpoint={endpoint}"));

@@ -46,6 +46,7 @@ pub mod files;
 pub mod mcp_fixture;
 pub mod netns;
 pub mod opensandbox_server;
+pub mod store_servers;
 pub mod tar_corpus;
 pub mod wait;
 

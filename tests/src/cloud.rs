@@ -4,10 +4,18 @@
 //! replicas' answers.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use berth_workspace::driver::BackendDriver;
 use berth_workspace::{Placement, ProvisionContext, WorkspaceId, WorkspaceSpec};
+
+/// How a provider's official client reaches it: the `.ci/venv` area that holds the client,
+/// and the environment its scripts read (the provider's own variable names where it has them).
+pub struct Sdk {
+    pub venv_area: &'static str,
+    pub env: Vec<(&'static str, String)>,
+}
 
 /// One provider a cluster's gateways drive.
 #[async_trait]
@@ -22,7 +30,21 @@ pub trait CloudProvider: Send + Sync {
     async fn is_paused(&self, sandbox: &str) -> bool;
     /// Makes a sandbox labelled for cluster `key_prefix` and `workspace_id` behind Berth's
     /// back (the provider's own API, as a stray script or a lost bind would).
-    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()>;
+    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
+        let driver = self.driver(key_prefix).await?;
+        let id = WorkspaceId::new(workspace_id)?;
+        let root = std::env::temp_dir();
+        let spec = WorkspaceSpec::default();
+        let placement = Placement { generation: 1, owner: "stray", fresh: true };
+        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
+        Ok(())
+    }
+    /// The driver a gateway of cluster `key_prefix` builds from [`node_flags`](Self::node_flags).
+    async fn driver(&self, key_prefix: &str) -> anyhow::Result<Arc<dyn BackendDriver>>;
+    /// The provider's official client, for floors measured against the same provider.
+    fn sdk(&self) -> Sdk;
+    /// What answers: "emulator" where the provider is emulated here, else what is real.
+    fn fidelity(&self) -> &'static str;
 }
 
 /// E2B, through its emulator (`tests/e2b-emulator`); its sandboxes run under bubblewrap.
@@ -42,15 +64,6 @@ impl E2bProvider {
         let key_file = dir.path().join("e2b.key");
         std::fs::write(&key_file, E2B_KEY)?;
         Ok(Self { emulator, key_file, _dir: dir })
-    }
-
-    fn driver(&self, key_prefix: &str) -> anyhow::Result<berth_backend_e2b::E2bDriver> {
-        let config = berth_backend_e2b::E2bConfig {
-            api_url: self.emulator.api_url.clone(),
-            sandbox_url: Some(self.emulator.sandbox_url.clone()),
-            ..berth_backend_e2b::E2bConfig::new(&self.key_file, key_prefix)
-        };
-        Ok(berth_backend_e2b::E2bDriver::new(config)?)
     }
 }
 
@@ -94,14 +107,28 @@ impl CloudProvider for E2bProvider {
         self.emulator.is_paused(sandbox).await == Some(true)
     }
 
-    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
-        let driver = self.driver(key_prefix)?;
-        let id = WorkspaceId::new(workspace_id)?;
-        let root = std::env::temp_dir();
-        let spec = WorkspaceSpec::default();
-        let placement = Placement { generation: 1, owner: "stray", fresh: true };
-        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
-        Ok(())
+    async fn driver(&self, key_prefix: &str) -> anyhow::Result<Arc<dyn BackendDriver>> {
+        let config = berth_backend_e2b::E2bConfig {
+            api_url: self.emulator.api_url.clone(),
+            sandbox_url: Some(self.emulator.sandbox_url.clone()),
+            ..berth_backend_e2b::E2bConfig::new(&self.key_file, key_prefix)
+        };
+        Ok(Arc::new(berth_backend_e2b::E2bDriver::new(config)?))
+    }
+
+    fn sdk(&self) -> Sdk {
+        Sdk {
+            venv_area: "e2b",
+            env: vec![
+                ("E2B_API_URL", self.emulator.api_url.clone()),
+                ("E2B_SANDBOX_URL", self.emulator.sandbox_url.clone()),
+                ("E2B_API_KEY", E2B_KEY.to_owned()),
+            ],
+        }
+    }
+
+    fn fidelity(&self) -> &'static str {
+        "emulator (tests/e2b-emulator)"
     }
 }
 
@@ -178,7 +205,7 @@ impl CloudProvider for OpenSandboxProvider {
     /// Retried while the sandbox's daemon is unavailable (a loaded machine can break its
     /// first command stream): the orphan is the test's setup, not what it checks.
     async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
-        let driver = berth_backend_opensandbox::OpenSandboxDriver::new(self.config(key_prefix))?;
+        let driver = self.driver(key_prefix).await?;
         let id = WorkspaceId::new(workspace_id)?;
         let root = std::env::temp_dir();
         let spec = WorkspaceSpec::default();
@@ -196,6 +223,25 @@ impl CloudProvider for OpenSandboxProvider {
                 Err(error) => return Err(error.into()),
             }
         }
+    }
+
+    async fn driver(&self, key_prefix: &str) -> anyhow::Result<Arc<dyn BackendDriver>> {
+        Ok(Arc::new(berth_backend_opensandbox::OpenSandboxDriver::new(self.config(key_prefix))?))
+    }
+
+    fn sdk(&self) -> Sdk {
+        Sdk {
+            venv_area: "opensandbox",
+            env: vec![
+                ("OPENSANDBOX_DOMAIN", self.server.url.trim_start_matches("http://").to_owned()),
+                ("OPENSANDBOX_API_KEY", self.server.api_key.clone()),
+                ("BERTH_OPENSANDBOX_IMAGE", self.server.image.clone()),
+            ],
+        }
+    }
+
+    fn fidelity(&self) -> &'static str {
+        "real opensandbox-server (Docker runtime); in-sandbox execd is the stand-in (tests/opensandbox-execd-standin)"
     }
 }
 
@@ -218,14 +264,6 @@ impl DaytonaProvider {
         let key_file = dir.path().join("daytona.key");
         std::fs::write(&key_file, DAYTONA_KEY)?;
         Ok(Self { emulator, key_file, _dir: dir })
-    }
-
-    fn driver(&self, key_prefix: &str) -> anyhow::Result<berth_backend_daytona::DaytonaDriver> {
-        let config = berth_backend_daytona::DaytonaConfig {
-            api_url: self.emulator.api_url.clone(),
-            ..berth_backend_daytona::DaytonaConfig::new(&self.key_file, key_prefix)
-        };
-        Ok(berth_backend_daytona::DaytonaDriver::new(config)?)
     }
 }
 
@@ -267,14 +305,23 @@ impl CloudProvider for DaytonaProvider {
         self.emulator.is_stopped(sandbox).await == Some(true)
     }
 
-    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
-        let driver = self.driver(key_prefix)?;
-        let id = WorkspaceId::new(workspace_id)?;
-        let root = std::env::temp_dir();
-        let spec = WorkspaceSpec::default();
-        let placement = Placement { generation: 1, owner: "stray", fresh: true };
-        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
-        Ok(())
+    async fn driver(&self, key_prefix: &str) -> anyhow::Result<Arc<dyn BackendDriver>> {
+        let config = berth_backend_daytona::DaytonaConfig {
+            api_url: self.emulator.api_url.clone(),
+            ..berth_backend_daytona::DaytonaConfig::new(&self.key_file, key_prefix)
+        };
+        Ok(Arc::new(berth_backend_daytona::DaytonaDriver::new(config)?))
+    }
+
+    fn sdk(&self) -> Sdk {
+        Sdk {
+            venv_area: "daytona",
+            env: vec![("DAYTONA_API_URL", self.emulator.api_url.clone()), ("DAYTONA_API_KEY", DAYTONA_KEY.to_owned())],
+        }
+    }
+
+    fn fidelity(&self) -> &'static str {
+        "emulator (tests/daytona-emulator)"
     }
 }
 
@@ -343,7 +390,7 @@ impl CloudProvider for KubernetesProvider {
         })
     }
 
-    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
+    async fn driver(&self, key_prefix: &str) -> anyhow::Result<Arc<dyn BackendDriver>> {
         let config = berth_backend_kubernetes::KubernetesConfig {
             image: "berth/base:emulated".to_owned(),
             storage_size: "1Gi".to_owned(),
@@ -353,12 +400,20 @@ impl CloudProvider for KubernetesProvider {
                 key_prefix.trim_end_matches('/'),
             )
         };
-        let driver = berth_backend_kubernetes::KubernetesDriver::connect(config).await?;
-        let id = WorkspaceId::new(workspace_id)?;
-        let root = std::env::temp_dir();
-        let spec = WorkspaceSpec::default();
-        let placement = Placement { generation: 1, owner: "stray", fresh: true };
-        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
-        Ok(())
+        Ok(Arc::new(berth_backend_kubernetes::KubernetesDriver::connect(config).await?))
+    }
+
+    fn sdk(&self) -> Sdk {
+        Sdk {
+            venv_area: "kubernetes",
+            env: vec![
+                ("KUBECONFIG", self.emulator.kubeconfig.display().to_string()),
+                ("BERTH_KUBE_NAMESPACE", KUBE_NAMESPACE.to_owned()),
+            ],
+        }
+    }
+
+    fn fidelity(&self) -> &'static str {
+        "emulator (tests/kubernetes-emulator API server)"
     }
 }

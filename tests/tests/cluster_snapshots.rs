@@ -1,8 +1,10 @@
 //! Workspace snapshots end to end (issue 15), with real replicas, node agents, etcd and a
-//! `dir` snapshot store on disk: a SIGKILLed node's workspace comes back restored on another
-//! node with exactly its files; a drain without `--force` moves every workspace with its
-//! data; a corrupted blob makes the restore fall back to the previous snapshot, loudly; a
-//! snapshot from a node holding an older placement never becomes the latest.
+//! snapshot store (a `dir` on disk, a real `redis-server`, `moto_server` as S3): a SIGKILLed
+//! node's workspace comes back restored on another node with exactly its files; a drain
+//! without `--force` moves every workspace with its data; a corrupted blob makes the restore
+//! fall back to the previous snapshot, loudly; a snapshot from a node holding an older
+//! placement never becomes the latest; interval snapshots keep `--snapshot-keep`; Release
+//! snapshots; destroy deletes every snapshot of the workspace.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,7 +12,8 @@ use std::time::Duration;
 
 use berth_proto::v1;
 use berth_proto::v1::node_service_client::NodeServiceClient;
-use berth_testkit::{wait_for, wait_until};
+use berth_testkit::store_servers;
+use berth_testkit::{wait_for, wait_for_every, wait_until, wait_until_every};
 use berth_tests::berth::{cli, retry_transient};
 use berth_tests::cluster::{Cluster, ClusterConfig};
 use tempfile::TempDir;
@@ -319,4 +322,125 @@ async fn a_snapshot_from_a_fenced_node_is_refused() {
     let pointer = record.snapshot.expect("a snapshot pointer");
     assert_ne!(pointer.id, late.snapshot_id, "the fenced snapshot became the latest");
     assert_eq!(pointer.id, taken["snapshot_id"].as_str().unwrap());
+}
+
+/// The snapshots `berth ws snapshots -o json` lists, newest first.
+fn snapshots_by_cli(endpoint: &str, workspace_id: &str) -> Vec<serde_json::Value> {
+    let output = cli(endpoint, &["-o", "json", "ws", "snapshots", workspace_id]);
+    assert!(output.status.success(), "berth ws snapshots failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice::<serde_json::Value>(&output.stdout)
+        .expect("snapshots json")
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn latest_id(listed: &[serde_json::Value]) -> Option<String> {
+    listed
+        .iter()
+        .find(|snapshot| snapshot["latest"].as_bool() == Some(true))
+        .and_then(|snapshot| snapshot["snapshot_id"].as_str())
+        .map(str::to_owned)
+}
+
+/// `file` as snapshot `snapshot_id` of the workspace holds it, restored straight from the
+/// store into a directory of the test's own (what any node would restore).
+async fn file_in_snapshot(url: &str, workspace_id: &str, snapshot_id: &str, file: &str) -> Option<Vec<u8>> {
+    let store = berth_snapshot::open(url).expect("open the store");
+    let dir = tempfile::Builder::new().prefix("berth-restore-check-").tempdir().expect("temp dir");
+    let into = dir.path().join("workspace");
+    berth_snapshot::restore(&*store, workspace_id, snapshot_id, &into).await.expect("restore from the store");
+    std::fs::read(into.join(file)).ok()
+}
+
+/// (5) Interval snapshots to a Redis store: a workspace written since its last snapshot gets
+/// a new one every `--snapshot-interval`, recorded as its latest through the heartbeat; the
+/// store keeps `--snapshot-keep` of them; a SIGKILLed node's workspace comes back on the
+/// other node from the newest, with the last write before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_snapshots_to_redis_keep_the_newest_and_restore_after_a_kill() {
+    let redis = tokio::task::spawn_blocking(store_servers::redis).await.expect("redis-server");
+    let url = redis.redis_url(&format!("berth-test-{:016x}", rand::random::<u64>()));
+    let mut config = ClusterConfig::on_shared_etcd(2, 2);
+    let keep = ["--snapshot-store", &url, "--snapshot-keep", "2"].map(str::to_owned);
+    config.node_flags = [&keep[..], &["--snapshot-interval".to_owned(), "1s".to_owned()]].concat();
+    config.replica_flags = keep.to_vec();
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let replica = &cluster.replicas[0].server;
+    let workspace_id = replica.create_session("cy", "agent").await.expect("create").workspace_id;
+
+    let mut latest = Vec::new();
+    for version in 1..=3 {
+        let content = format!("version {version}");
+        replica.write_file(&workspace_id, "notes.txt", content.as_bytes()).await.expect("write");
+        // No on-demand call: only the interval can make the snapshot that holds this write.
+        let holding = wait_for_every(Duration::from_secs(30), Duration::from_millis(300), || async {
+            let id = latest_id(&snapshots_by_cli(&replica.endpoint, &workspace_id))?;
+            let held = file_in_snapshot(&url, &workspace_id, &id, "notes.txt").await?;
+            (held == content.as_bytes()).then_some(id)
+        })
+        .await;
+        let id = holding.unwrap_or_else(|| {
+            panic!("no interval snapshot recorded holding {content:?} within 30 s\n{}", cluster.logs(40))
+        });
+        latest.push(id);
+    }
+    assert!(latest.windows(2).all(|pair| pair[0] < pair[1]), "latest snapshots do not grow: {latest:?}");
+
+    let kept = wait_until_every(Duration::from_secs(15), Duration::from_millis(300), || async {
+        snapshots_by_cli(&replica.endpoint, &workspace_id).len() <= 2
+    })
+    .await;
+    let listed = snapshots_by_cli(&replica.endpoint, &workspace_id);
+    assert!(kept, "more than --snapshot-keep 2 snapshots stay: {listed:?}");
+    assert!(listed.iter().any(|snapshot| snapshot["snapshot_id"].as_str() == latest.last().map(String::as_str)));
+
+    let placed = replica.get_workspace(&workspace_id).await.expect("get");
+    let node = cluster.node(&placed.node_id).expect("node");
+    node.server.kill();
+    wait_node_gone(&cluster, &node.id).await;
+    let second = &cluster.replicas[1].server;
+    let (read, _) = retry_transient(Duration::from_secs(20), || second.read_file(&workspace_id, "notes.txt")).await;
+    assert_eq!(read.as_deref().ok(), Some(&b"version 3"[..]), "{read:?}\n{}", cluster.logs(40));
+    let back = second.get_workspace(&workspace_id).await.expect("get");
+    assert_ne!(back.node_id, placed.node_id, "{back:?}");
+    assert_eq!(back.origin(), v1::WorkspaceOrigin::Restored, "{back:?}");
+    drop(cluster);
+    drop(redis);
+}
+
+/// (6) With an S3 store (`moto_server`): closing a workspace (Release, data kept) snapshots
+/// it with no other call and records that snapshot as its latest; destroying it deletes
+/// every snapshot of the workspace from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_snapshots_to_s3_and_destroy_deletes_them() {
+    let moto = tokio::task::spawn_blocking(|| store_servers::moto("berth-cluster")).await.expect("moto_server");
+    let url = moto.s3_url("berth-cluster", &format!("ci/{:016x}", rand::random::<u64>()));
+    let mut config = ClusterConfig::on_shared_etcd(1, 1);
+    config.node_flags = vec!["--snapshot-store".into(), url.clone()];
+    config.replica_flags = vec!["--snapshot-store".into(), url.clone()];
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let replica = &cluster.replicas[0].server;
+    let workspace_id = replica.create_session("di", "agent").await.expect("create").workspace_id;
+    replica.write_file(&workspace_id, "released.txt", b"kept over the release").await.expect("write");
+    assert!(snapshots_by_cli(&replica.endpoint, &workspace_id).is_empty(), "a snapshot before any trigger");
+
+    let output = cli(&replica.endpoint, &["ws", "close", &workspace_id]);
+    assert!(output.status.success(), "ws close: {}", String::from_utf8_lossy(&output.stderr));
+    let listed = snapshots_by_cli(&replica.endpoint, &workspace_id);
+    let id = latest_id(&listed).unwrap_or_else(|| panic!("no latest snapshot after the release: {listed:?}"));
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let held = file_in_snapshot(&url, &workspace_id, &id, "released.txt").await;
+    assert_eq!(held.as_deref(), Some(&b"kept over the release"[..]));
+
+    let output = cli(&replica.endpoint, &["ws", "close", "--destroy", &workspace_id]);
+    assert!(output.status.success(), "ws close --destroy: {}", String::from_utf8_lossy(&output.stderr));
+    let store = berth_snapshot::open(&url).expect("open the store");
+    let gone = wait_until_every(Duration::from_secs(15), Duration::from_millis(300), || async {
+        berth_snapshot::list(&*store, &workspace_id).await.is_ok_and(|left| left.is_empty())
+    })
+    .await;
+    assert!(gone, "snapshots of a destroyed workspace stay: {:?}", berth_snapshot::list(&*store, &workspace_id).await);
+    drop(cluster);
+    drop(moto);
 }

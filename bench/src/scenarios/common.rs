@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use berth_proto::v1;
 use berth_tests::cluster::Cluster;
 use tonic::transport::Channel;
@@ -114,4 +115,17 @@ pub fn split<T>(outcomes: Vec<Outcome<T>>) -> (Vec<Duration>, Vec<T>, Vec<String
 pub fn errors_reason(errors: &[String], total: usize) -> String {
     let examples: BTreeSet<&str> = errors.iter().map(String::as_str).take(3).collect();
     format!("{} of {total} calls failed, e.g. {examples:?}", errors.len())
+}
+
+/// The venv of `.ci/requirements/AREA.txt` (a provider's SDK, moto_server), made or updated
+/// by `.ci/venv`.
+pub fn venv(area: &str) -> anyhow::Result<std::path::PathBuf> {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = std::process::Command::new("bash")
+        .arg(repo.join(".ci/venv"))
+        .arg(area)
+        .output()
+        .with_context(|| format!("run .ci/venv {area}"))?;
+    anyhow::ensure!(output.status.success(), ".ci/venv {area} failed: {}", String::from_utf8_lossy(&output.stderr));
+    Ok(std::path::PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
 }

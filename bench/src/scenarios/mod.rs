@@ -3,6 +3,7 @@
 //! result row per case. A case whose invariant fails is an error row; `run` itself fails
 //! only when nothing could be measured.
 
+pub mod cloud;
 pub mod common;
 pub mod distinct_storm;
 pub mod exec_rtt;
@@ -17,7 +18,7 @@ use crate::env::Ctx;
 use crate::report::ScenarioResult;
 
 /// Every scenario, in the order `all` runs them.
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 9] = [
     first_session_storm::NAME,
     distinct_storm::NAME,
     hot_resolve::NAME,
@@ -26,6 +27,7 @@ pub const ALL: [&str; 8] = [
     registry_scale::NAME,
     node_scale::NAME,
     snapshot::NAME,
+    cloud::NAME,
 ];
 
 pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
@@ -38,6 +40,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         registry_scale::NAME => registry_scale::run(ctx).await,
         node_scale::NAME => node_scale::run(ctx).await,
         snapshot::NAME => snapshot::run(ctx).await,
+        cloud::NAME => cloud::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; one of: all, {}", ALL.join(", ")),
     }
 }

@@ -4,14 +4,12 @@
 //! run: `tar | zstd -3` of the tree to /dev/null (what a plain tar snapshot costs), and
 //! raw puts of the same bytes to the same store (what the store itself costs).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use berth_snapshot::{SnapshotOptions, SnapshotStoreRef};
+use berth_testkit::store_servers;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use rand::RngCore;
@@ -288,122 +286,44 @@ async fn raw_puts(store: &SnapshotStoreRef, tree: &Path) -> anyhow::Result<(Dura
     Ok((put, get))
 }
 
-/// The server behind a store for one measurement, killed by PID on drop.
+/// The server behind a store for one measurement (berth-testkit's, killed by PID on drop).
 struct StoreServer {
     url: String,
-    child: Option<Child>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Drop for StoreServer {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+    _server: Option<store_servers::ServerProcess>,
 }
 
 impl StoreServer {
     async fn start(kind: &str, work: &Path) -> anyhow::Result<StoreServer> {
-        match kind {
-            "dir" => {
-                Ok(StoreServer { url: format!("file://{}", work.join("dir-store").display()), child: None, _dir: None })
-            }
+        let (url, server) = match kind {
+            "dir" => (format!("file://{}", work.join("dir-store").display()), None),
             "redis" => {
-                let dir = tempfile::Builder::new().prefix("berth-bench-redis-").tempdir()?;
-                let port = free_port()?;
-                let child = spawn(
-                    Path::new("redis-server"),
-                    &["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                    dir.path(),
-                )
-                .context("start redis-server (apt-get install redis-server)")?;
-                let mut server = StoreServer {
-                    url: format!("redis://127.0.0.1:{port}/0?prefix=bench"),
-                    child: Some(child),
-                    _dir: Some(dir),
-                };
-                server.wait_ready("redis-server", || redis_ping(port)).await?;
-                Ok(server)
+                let server = started("redis-server", store_servers::redis).await?;
+                (server.redis_url("bench"), Some(server))
             }
             "s3" => {
-                let venv = venv()?;
-                let dir = tempfile::Builder::new().prefix("berth-bench-moto-").tempdir()?;
-                let port = free_port()?;
-                let child =
-                    spawn(&venv.join("bin/moto_server"), &["-H", "127.0.0.1", "-p", &port.to_string()], dir.path())
-                        .context("start moto_server")?;
-                let credentials = dir.path().join("credentials");
-                std::fs::write(
-                    &credentials,
-                    "[default]\naws_access_key_id = bench\naws_secret_access_key = bench-secret\n",
-                )?;
-                let url = format!(
-                    "s3://bench/snapshots?endpoint=http://127.0.0.1:{port}&region=us-east-1&credentials_file={}",
-                    credentials.display()
-                );
-                let mut server = StoreServer { url, child: Some(child), _dir: Some(dir) };
-                server.wait_ready("moto_server", || http_status(port, "GET", "/moto-api/").is_some()).await?;
-                ensure!(http_status(port, "PUT", "/bench") == Some(200), "creating the bucket on moto_server failed");
-                Ok(server)
+                let server = started("moto_server", || store_servers::moto("bench")).await?;
+                (server.s3_url("bench", "snapshots"), Some(server))
             }
             other => bail!("unknown store {other}"),
-        }
-    }
-
-    async fn wait_ready(&mut self, name: &str, ready: impl Fn() -> bool) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ready() {
-            if let Some(child) = &mut self.child
-                && let Some(status) = child.try_wait()?
-            {
-                bail!("{name} exited ({status})");
-            }
-            ensure!(Instant::now() < deadline, "{name} not ready after 60 s");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
+        };
+        Ok(StoreServer { url, _server: server })
     }
 }
 
-fn spawn(program: &Path, args: &[&str], dir: &Path) -> anyhow::Result<Child> {
-    Ok(Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?)
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn redis_ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let mut answer = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok() && stream.read_exact(&mut answer).is_ok() && &answer == b"+PONG\r\n"
-}
-
-fn http_status(port: u16, method: &str, path: &str) -> Option<u16> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let request =
-        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    String::from_utf8_lossy(&answer).split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The venv of `.ci/requirements/snapshot.txt` (moto_server), made or updated by `.ci/venv`.
-fn venv() -> anyhow::Result<PathBuf> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let output =
-        Command::new("bash").arg(repo.join(".ci/venv")).arg("snapshot").output().context("run .ci/venv snapshot")?;
-    ensure!(output.status.success(), ".ci/venv snapshot failed: {}", String::from_utf8_lossy(&output.stderr));
-    Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+/// Runs a testkit server start (which panics with what went wrong) as a fallible call.
+async fn started(
+    name: &str,
+    start: impl FnOnce() -> store_servers::ServerProcess + Send + 'static,
+) -> anyhow::Result<store_servers::ServerProcess> {
+    tokio::task::spawn_blocking(start).await.map_err(|error| {
+        let reason = match error.try_into_panic() {
+            Ok(panic) => panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+                .unwrap_or_default(),
+            Err(error) => error.to_string(),
+        };
+        anyhow::anyhow!("starting {name} failed: {reason}")
+    })
 }

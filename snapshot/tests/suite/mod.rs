@@ -6,7 +6,6 @@
 #![allow(dead_code)]
 
 pub mod cases;
-pub mod servers;
 pub mod tree;
 
 use berth_snapshot::SnapshotStoreRef;

@@ -1,6 +1,7 @@
-//! Real servers for the store suites: `redis-server` (Debian) and `moto_server` (PyPI,
-//! the venv of `.ci/requirements/snapshot.txt`), each started by a test on a free loopback
-//! port and killed by PID when the guard drops. A missing program fails the test with
+//! Real servers behind the snapshot stores, for the store suites and the cluster tests:
+//! `redis-server` (Debian) and `moto_server` (PyPI, the venv of
+//! `.ci/requirements/snapshot.txt`), each started by a test on a free loopback port and
+//! killed by PID when the guard drops. A missing program fails the test with
 //! what to install; nothing is skipped.
 
 use std::io::{Read, Write};
@@ -19,8 +20,29 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    fn log(&self) -> String {
+    pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// `--snapshot-store` of this `redis-server`, keys under `prefix`.
+    pub fn redis_url(&self, prefix: &str) -> String {
+        format!("redis://127.0.0.1:{}/0?prefix={prefix}", self.port)
+    }
+
+    /// `--snapshot-store` of this `moto_server`'s `bucket` under `prefix`, its credentials in
+    /// a shared-credentials file in the server's directory (as an operator passes them).
+    pub fn s3_url(&self, bucket: &str, prefix: &str) -> String {
+        let credentials = self.dir.path().join("credentials");
+        std::fs::write(
+            &credentials,
+            "[default]\naws_access_key_id = testing\naws_secret_access_key = testing-secret\n",
+        )
+        .expect("write the credentials file");
+        format!(
+            "s3://{bucket}/{prefix}?endpoint=http://127.0.0.1:{}&region=us-east-1&credentials_file={}",
+            self.port,
+            credentials.display()
+        )
     }
 }
 
@@ -135,16 +157,11 @@ pub fn redis() -> ServerProcess {
     )
 }
 
-/// The venv of `.ci/requirements/snapshot.txt`, made or updated by `.ci/venv` under a
-/// lock (test processes run in parallel and would race on one venv).
+/// The venv of `.ci/requirements/snapshot.txt`, made or updated by `.ci/venv` (which takes
+/// a lock per venv: test processes run in parallel and would race on one venv).
 pub fn venv() -> PathBuf {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
     VENV.get_or_init(|| {
-        let lock_path = std::env::temp_dir().join("berth-snapshot-venv.lock");
-        let lock_file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).unwrap();
-        let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, errno)| errno)
-            .unwrap();
         let output =
             Command::new("bash").arg(repo().join(".ci/venv")).arg("snapshot").output().expect("run .ci/venv snapshot");
         assert!(
