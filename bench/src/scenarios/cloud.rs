@@ -1,7 +1,7 @@
 //! `cloud`: the cloud backends (E2B, Daytona, Kubernetes, OpenSandbox) driven the way a
 //! gateway drives them — provision, `exec true`, a 1 MiB write and its read back — each with
 //! the provider's official client doing the same calls against the same provider as the
-//! floor (`bench/cloud/<backend>.py`, in the venv `.ci/venv <backend>` makes).
+//! floor (`bench/cloud/<backend>_floor.py`, in the venv `.ci/venv <backend>` makes).
 //!
 //! No real E2B, Daytona or kube-apiserver can be reached here: those rows run against the
 //! emulators under `tests/` and say so (`fidelity`); OpenSandbox is the real server with its
@@ -142,13 +142,13 @@ async fn through_berth(
     Ok(samples)
 }
 
-/// The same rounds through the provider's official client: `bench/cloud/<backend>.py
+/// The same rounds through the provider's official client: `bench/cloud/<backend>_floor.py
 /// ROUNDS` prints `{row: [milliseconds]}`.
 async fn through_sdk(provider: &dyn CloudProvider, rounds: usize) -> anyhow::Result<BTreeMap<String, Vec<Duration>>> {
     let sdk = provider.sdk();
     let area = sdk.venv_area;
     let venv = tokio::task::spawn_blocking(move || common::venv(area)).await??;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("cloud").join(format!("{}.py", provider.backend()));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("cloud").join(format!("{}_floor.py", provider.backend()));
     let run = tokio::process::Command::new(venv.join("bin/python"))
         .arg(&script)
         .arg(rounds.to_string())

@@ -2,7 +2,7 @@
 official SDK (`opensandbox`, from .ci/requirements/opensandbox.txt) against the same server.
 
     OPENSANDBOX_DOMAIN=127.0.0.1:PORT OPENSANDBOX_API_KEY=… BERTH_OPENSANDBOX_IMAGE=… \
-        python opensandbox.py ROUNDS
+        python opensandbox_floor.py ROUNDS
 
 Prints one JSON object: {row: [milliseconds, …]} for the rows berth-bench measures.
 """

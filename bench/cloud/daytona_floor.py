@@ -1,7 +1,7 @@
 """The floor of berth-bench's `cloud` rows for Daytona: the same calls made with the official
 SDK (`daytona`, from .ci/requirements/daytona.txt) against the same provider.
 
-    DAYTONA_API_URL=… DAYTONA_API_KEY=… python daytona.py ROUNDS
+    DAYTONA_API_URL=… DAYTONA_API_KEY=… python daytona_floor.py ROUNDS
 
 Prints one JSON object: {row: [milliseconds, …]} for the rows berth-bench measures.
 """

@@ -1,7 +1,7 @@
 """The floor of berth-bench's `cloud` rows for E2B: the same calls made with the official SDK
 (`e2b`, from .ci/requirements/e2b.txt) against the same provider.
 
-    E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=… python e2b.py ROUNDS
+    E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=… python e2b_floor.py ROUNDS
 
 Prints one JSON object: {row: [milliseconds, …]} for the rows berth-bench measures.
 """

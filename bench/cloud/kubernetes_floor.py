@@ -3,7 +3,7 @@ official Python client (`kubernetes`, from .ci/requirements/kubernetes.txt) agai
 API server — create a PVC + Pod and wait for Running, `pods/exec` of `true`, `cat >` and
 `cat` of 1 MiB over exec (the floor any client of the API pays).
 
-    KUBECONFIG=… BERTH_KUBE_NAMESPACE=… python kubernetes.py ROUNDS
+    KUBECONFIG=… BERTH_KUBE_NAMESPACE=… python kubernetes_floor.py ROUNDS
 
 Prints one JSON object: {row: [milliseconds, …]} for the rows berth-bench measures.
 """
