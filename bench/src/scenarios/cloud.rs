@@ -65,7 +65,7 @@ async fn measure(ctx: &Ctx, backend: &str, provider: &dyn CloudProvider, rounds:
     let ours = match through_berth(provider, rounds).await {
         Ok(samples) => samples,
         Err(error) => {
-            let case = format!("{backend}: provision");
+            let case = format!("{backend} ({}): provision", label(backend));
             return vec![common::row_or_error(NAME, &case, &ctx.machine, Err(error))];
         }
     };
@@ -74,7 +74,7 @@ async fn measure(ctx: &Ctx, backend: &str, provider: &dyn CloudProvider, rounds:
     let floor = through_sdk(provider, rounds).await;
     ROWS.iter()
         .map(|row| {
-            let mut result = ScenarioResult::new(NAME, format!("{backend}: {row}"), &ctx.machine)
+            let mut result = ScenarioResult::new(NAME, format!("{backend} ({}): {row}", label(backend)), &ctx.machine)
                 .param("backend", backend)
                 .param("rounds", rounds as u64)
                 .param("fidelity", provider.fidelity());
@@ -94,6 +94,14 @@ async fn measure(ctx: &Ctx, backend: &str, provider: &dyn CloudProvider, rounds:
             result
         })
         .collect()
+}
+
+/// What answers, short, in the row's name (the `fidelity` parameter says it in full).
+fn label(backend: &str) -> &'static str {
+    match backend {
+        "opensandbox" => "real server, stand-in execd",
+        _ => "emulated",
+    }
 }
 
 /// `rounds` rounds of provision → exec → write → read → destroy through Berth's driver,
