@@ -387,13 +387,17 @@ async fn interval_snapshots_to_redis_keep_the_newest_and_restore_after_a_kill() 
     }
     assert!(latest.windows(2).all(|pair| pair[0] < pair[1]), "latest snapshots do not grow: {latest:?}");
 
+    // At least three snapshots were taken (three distinct latest ones): exactly the newest
+    // two stay, and the oldest is gone from the store.
     let kept = wait_until_every(Duration::from_secs(15), Duration::from_millis(300), || async {
-        snapshots_by_cli(&replica.endpoint, &workspace_id).len() <= 2
+        snapshots_by_cli(&replica.endpoint, &workspace_id).len() == 2
     })
     .await;
     let listed = snapshots_by_cli(&replica.endpoint, &workspace_id);
-    assert!(kept, "more than --snapshot-keep 2 snapshots stay: {listed:?}");
-    assert!(listed.iter().any(|snapshot| snapshot["snapshot_id"].as_str() == latest.last().map(String::as_str)));
+    assert!(kept, "not exactly --snapshot-keep 2 snapshots stay: {listed:?}");
+    let listed_ids: Vec<&str> = listed.iter().filter_map(|snapshot| snapshot["snapshot_id"].as_str()).collect();
+    assert!(listed_ids.contains(&latest[2].as_str()), "the newest is not kept: {listed_ids:?}");
+    assert!(!listed_ids.contains(&latest[0].as_str()), "the oldest was not pruned: {listed_ids:?}");
 
     let placed = replica.get_workspace(&workspace_id).await.expect("get");
     let node = cluster.node(&placed.node_id).expect("node");

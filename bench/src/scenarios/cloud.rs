@@ -32,6 +32,8 @@ pub const NAME: &str = "cloud";
 /// The rows, in the order each round makes the calls.
 const ROWS: [&str; 4] = ["provision", "exec true", "write 1 MiB", "read 1 MiB"];
 const PAYLOAD: usize = 1024 * 1024;
+/// One round of four calls; a provider that hangs fails its rows instead of the run.
+const ROUND_DEADLINE: Duration = Duration::from_secs(120);
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
     let rounds = if ctx.settings.quick { 3 } else { 10 };
@@ -49,7 +51,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         let provider = match provider {
             Ok(provider) => provider,
             Err(error) => {
-                results.push(common::error_row(NAME, &format!("{backend}: provision"), &ctx.machine, &error));
+                let case = format!("{backend} ({}): provision", label(backend));
+                results.push(common::error_row(NAME, &case, &ctx.machine, &error));
                 continue;
             }
         };
@@ -119,11 +122,9 @@ async fn through_berth(
     let mut samples: BTreeMap<&'static str, Vec<Duration>> = ROWS.iter().map(|row| (*row, Vec::new())).collect();
     for round in 0..rounds {
         let id = WorkspaceId::new(format!("ws-bench-{round}"))?;
-        let outcome = async {
+        let calls = async {
             let started = Instant::now();
-            let placement = Placement { generation: 1, owner: "bench", fresh: true };
-            let context = ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement };
-            let backend = driver.provision(context).await.context("provision")?;
+            let backend = provision(&*driver, &id, &root, &spec).await?;
             samples.get_mut("provision").expect("row").push(started.elapsed());
 
             let started = Instant::now();
@@ -140,14 +141,41 @@ async fn through_berth(
             ensure!(back == data, "read back {} bytes that are not the ones written", back.len());
             samples.get_mut("read 1 MiB").expect("row").push(started.elapsed());
             Ok(())
-        }
-        .await;
+        };
+        let outcome = match tokio::time::timeout(ROUND_DEADLINE, calls).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(anyhow::anyhow!("round {round} did not finish within {ROUND_DEADLINE:?}")),
+        };
         // Nothing of the run stays at the provider, whatever failed.
         let destroyed = driver.destroy(&id).await;
         outcome?;
         destroyed.context("destroy")?;
     }
     Ok(samples)
+}
+
+/// Provisions, retried while the provider answers unavailable (a loaded machine can break a
+/// fresh sandbox's first command stream) up to a deadline; a retried provision is timed
+/// whole, retries included.
+async fn provision(
+    driver: &dyn BackendDriver,
+    id: &WorkspaceId,
+    root: &Path,
+    spec: &WorkspaceSpec,
+) -> anyhow::Result<berth_workspace::backend::BackendRef> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let placement = Placement { generation: 1, owner: "bench", fresh: true };
+        let context = ProvisionContext { workspace_id: id, root, spec, placement };
+        match driver.provision(context).await {
+            Ok(backend) => return Ok(backend),
+            Err(berth_workspace::WorkspaceError::BackendUnavailable { .. }) if Instant::now() < deadline => {
+                progress!("{NAME}: provision of {id}: provider unavailable, retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => return Err(anyhow::Error::from(error).context("provision")),
+        }
+    }
 }
 
 /// The same rounds through the provider's official client: `bench/cloud/<backend>_floor.py
@@ -175,7 +203,10 @@ async fn through_sdk(provider: &dyn CloudProvider, rounds: usize) -> anyhow::Res
         output.status,
         String::from_utf8_lossy(&output.stderr).lines().rev().take(15).collect::<Vec<_>>().join(" | ")
     );
-    let rows: BTreeMap<String, Vec<f64>> = serde_json::from_slice(&output.stdout).with_context(|| {
+    // The rows are the last line (a client may print other lines of its own before).
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or_default();
+    let rows: BTreeMap<String, Vec<f64>> = serde_json::from_str(last).with_context(|| {
         format!("{} printed no JSON rows: {}", script.display(), String::from_utf8_lossy(&output.stdout))
     })?;
     Ok(rows
