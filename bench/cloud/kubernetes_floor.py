@@ -5,30 +5,22 @@ API server — create a PVC + Pod and wait for Running, `pods/exec` of `true`, `
 
     KUBECONFIG=… BERTH_KUBE_NAMESPACE=… python kubernetes_floor.py ROUNDS
 
-Prints one JSON object: {row: [milliseconds, …]} for the rows berth-bench measures.
+Prints the rows as floor_rows.emit() does.
 """
 
-import json
 import os
-import sys
 import time
 
 from kubernetes import client, config
 from kubernetes.stream import stream
 from websocket import ABNF
 
+from floor_rows import PAYLOAD, ROUNDS, emit, timed
+
 config.load_kube_config()
 core = client.CoreV1Api()
-namespace, rounds = os.environ["BERTH_KUBE_NAMESPACE"], int(sys.argv[1])
-rows = {"provision": [], "exec true": [], "write 1 MiB": [], "read 1 MiB": []}
-data = "x" * (1024 * 1024)
-
-
-def timed(row, call):
-    started = time.perf_counter()
-    result = call()
-    rows[row].append((time.perf_counter() - started) * 1000)
-    return result
+namespace = os.environ["BERTH_KUBE_NAMESPACE"]
+text = "x" * len(PAYLOAD)  # the client writes text to stdin; same size as the others
 
 
 def run(name, command, stdin=None):
@@ -60,15 +52,15 @@ def provision(name):
         time.sleep(0.02)
 
 
-for index in range(rounds):
+for index in range(ROUNDS):
     name = f"sdk-bench-{index}"
     timed("provision", lambda: provision(name))
     try:
         timed("exec true", lambda: run(name, ["true"]))
-        timed("write 1 MiB", lambda: run(name, ["sh", "-c", "cat > /workspace/bench.bin"], data))
+        timed("write 1 MiB", lambda: run(name, ["sh", "-c", "cat > /workspace/bench.bin"], text))
         back = timed("read 1 MiB", lambda: run(name, ["cat", "/workspace/bench.bin"]))
-        assert len(back) == len(data), len(back)
+        assert back == text, len(back)
     finally:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         core.delete_namespaced_persistent_volume_claim(name, namespace)
-print(json.dumps(rows))
+emit()

@@ -50,6 +50,20 @@ pub mod store_servers;
 pub mod tar_corpus;
 pub mod wait;
 
+/// The venv of `.ci/requirements/AREA.txt` (a provider's SDK or server, moto_server), made
+/// or updated by `.ci/venv`, which takes a lock per venv (test processes run in parallel and
+/// would race on one). Panics with `.ci/venv`'s error when it cannot be made.
+pub fn venv(area: &str) -> std::path::PathBuf {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/venv");
+    let output = std::process::Command::new("bash").arg(script).arg(area).output().expect("run .ci/venv");
+    assert!(
+        output.status.success(),
+        ".ci/venv {area} failed (PyPI reachable?): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
 pub use wait::{assert_eventually, eventually_ok, wait_for, wait_for_every, wait_until, wait_until_every};
 
 /// A `cargo` command for a build nested in a process that cargo started (a test, `cargo

@@ -38,20 +38,10 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The venv of `.ci/requirements/opensandbox.txt`, made or updated by `.ci/venv`.
+/// The venv of `.ci/requirements/opensandbox.txt` (once per process).
 pub fn venv() -> PathBuf {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
-    VENV.get_or_init(|| {
-        let output =
-            Command::new("bash").arg(repo().join(".ci/venv")).arg("opensandbox").output().expect("run .ci/venv");
-        assert!(
-            output.status.success(),
-            ".ci/venv opensandbox failed (PyPI reachable?): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-    })
-    .clone()
+    VENV.get_or_init(|| crate::venv("opensandbox")).clone()
 }
 
 /// The stand-in built static (it runs in a container with nothing but busybox).

@@ -57,10 +57,6 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// Starts `program` (with `{port}` in `args` replaced) until `ready(port)` holds, trying
 /// another port if the process dies (a port taken between probe and bind).
 fn start(name: &'static str, program: &Path, args: &[&str], ready: impl Fn(u16) -> bool) -> ServerProcess {
@@ -157,21 +153,10 @@ pub fn redis() -> ServerProcess {
     )
 }
 
-/// The venv of `.ci/requirements/snapshot.txt`, made or updated by `.ci/venv` (which takes
-/// a lock per venv: test processes run in parallel and would race on one venv).
+/// The venv of `.ci/requirements/snapshot.txt` (once per process).
 pub fn venv() -> PathBuf {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
-    VENV.get_or_init(|| {
-        let output =
-            Command::new("bash").arg(repo().join(".ci/venv")).arg("snapshot").output().expect("run .ci/venv snapshot");
-        assert!(
-            output.status.success(),
-            ".ci/venv snapshot failed (PyPI reachable?): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-    })
-    .clone()
+    VENV.get_or_init(|| crate::venv("snapshot")).clone()
 }
 
 /// A fresh `moto_server` (an S3-compatible server) on loopback, with `bucket` created.

@@ -30,14 +30,27 @@ pub trait CloudProvider: Send + Sync {
     async fn is_paused(&self, sandbox: &str) -> bool;
     /// Makes a sandbox labelled for cluster `key_prefix` and `workspace_id` behind Berth's
     /// back (the provider's own API, as a stray script or a lost bind would).
+    /// Retried while the provider is unavailable (a loaded machine can break a fresh
+    /// sandbox's first command stream): the orphan is the test's setup, not what it checks.
     async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
         let driver = self.driver(key_prefix).await?;
         let id = WorkspaceId::new(workspace_id)?;
         let root = std::env::temp_dir();
         let spec = WorkspaceSpec::default();
         let placement = Placement { generation: 1, owner: "stray", fresh: true };
-        driver.provision(ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement }).await?;
-        Ok(())
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let context = ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement };
+            match driver.provision(context).await {
+                Ok(_) => return Ok(()),
+                Err(berth_workspace::WorkspaceError::BackendUnavailable { .. })
+                    if std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
     /// The driver a gateway of cluster `key_prefix` builds from [`node_flags`](Self::node_flags).
     async fn driver(&self, key_prefix: &str) -> anyhow::Result<Arc<dyn BackendDriver>>;
@@ -200,29 +213,6 @@ impl CloudProvider for OpenSandboxProvider {
     async fn is_paused(&self, sandbox: &str) -> bool {
         let args = ["inspect", "--format", "{{.State.Paused}}", sandbox];
         Self::docker(&args).await.trim() == "true"
-    }
-
-    /// Retried while the sandbox's daemon is unavailable (a loaded machine can break its
-    /// first command stream): the orphan is the test's setup, not what it checks.
-    async fn create_orphan(&self, key_prefix: &str, workspace_id: &str) -> anyhow::Result<()> {
-        let driver = self.driver(key_prefix).await?;
-        let id = WorkspaceId::new(workspace_id)?;
-        let root = std::env::temp_dir();
-        let spec = WorkspaceSpec::default();
-        let placement = Placement { generation: 1, owner: "stray", fresh: true };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let context = ProvisionContext { workspace_id: &id, root: &root, spec: &spec, placement };
-            match driver.provision(context).await {
-                Ok(_) => return Ok(()),
-                Err(berth_workspace::WorkspaceError::BackendUnavailable { .. })
-                    if std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
     }
 
     async fn driver(&self, key_prefix: &str) -> anyhow::Result<Arc<dyn BackendDriver>> {
