@@ -121,11 +121,14 @@ pub async fn the_janitor_removes_an_orphan_made_behind_berths_back(provider: Arc
     })
     .await;
     assert!(removed, "the janitor left the orphan\n{}", cluster.logs(20));
-    let reported = cluster.replica_log_lines("replica-0", orphan);
-    assert!(
-        reported.iter().any(|line| line.contains("removed a labelled sandbox without a workspace record")),
-        "the janitor did not report it: {reported:?}"
-    );
+    // The janitor logs once the provider's delete has returned: the sandbox can be gone
+    // from the provider a moment before the line is in the log.
+    let report = "removed a labelled sandbox without a workspace record";
+    let reported = wait_until(Duration::from_secs(10), || async {
+        cluster.replica_log_lines("replica-0", orphan).iter().any(|line| line.contains(report))
+    })
+    .await;
+    assert!(reported, "the janitor did not report it: {:?}", cluster.replica_log_lines("replica-0", orphan));
     assert_eq!(provider.sandboxes_of(&cluster.prefix, &kept).await.len(), 1, "the janitor removed a live sandbox");
 }
 
