@@ -75,6 +75,22 @@ async fn wait_node_gone(cluster: &Cluster, node_id: &str) {
     assert!(gone, "{node_id} is still listed\n{}", cluster.logs(30));
 }
 
+/// SIGKILLs the node holding `placed`; through the second replica `file` reads back as
+/// `expected` from another node, and the workspace says `restored`. Returns it as it is now.
+async fn kill_and_read_back(cluster: &Cluster, placed: &v1::Workspace, file: &str, expected: &[u8]) -> v1::Workspace {
+    let node = cluster.node(&placed.node_id).expect("node");
+    node.server.kill();
+    wait_node_gone(cluster, &node.id).await;
+    let second = &cluster.replicas[1].server;
+    let workspace_id = &placed.workspace_id;
+    let (read, _) = retry_transient(Duration::from_secs(20), || second.read_file(workspace_id, file)).await;
+    assert_eq!(read.as_deref().ok(), Some(expected), "{read:?}\n{}", cluster.logs(40));
+    let back = second.get_workspace(workspace_id).await.expect("get");
+    assert_ne!(back.node_id, placed.node_id, "{back:?}");
+    assert_eq!(back.origin(), v1::WorkspaceOrigin::Restored, "{back:?}");
+    back
+}
+
 fn snapshot_by_cli(endpoint: &str, workspace_id: &str) -> serde_json::Value {
     let output = cli(endpoint, &["-o", "json", "ws", "snapshot", workspace_id]);
     assert!(
@@ -107,16 +123,7 @@ async fn a_killed_node_s_workspace_comes_back_restored_on_another_node() {
     assert_eq!(listed[0]["snapshot_id"].as_str(), Some(snapshot_id.as_str()), "{listed}");
     assert_eq!(listed[0]["latest"].as_bool(), Some(true), "{listed}");
 
-    let node = cluster.node(&placed.node_id).expect("node");
-    node.server.kill();
-    wait_node_gone(&cluster, &node.id).await;
-
-    let second = &cluster.replicas[1].server;
-    let (read, _) = retry_transient(Duration::from_secs(20), || second.read_file(&workspace_id, "notes.txt")).await;
-    assert_eq!(read.as_deref().ok(), Some(&b"notes of ana"[..]), "{read:?}\n{}", cluster.logs(40));
-    let back = second.get_workspace(&workspace_id).await.expect("get");
-    assert_ne!(back.node_id, placed.node_id, "{back:?}");
-    assert_eq!(back.origin(), v1::WorkspaceOrigin::Restored, "{back:?}");
+    let back = kill_and_read_back(&cluster, &placed, "notes.txt", b"notes of ana").await;
     assert_eq!(back.origin_snapshot_id, snapshot_id, "{back:?}");
     assert!(back.origin_snapshot_time.is_some(), "{back:?}");
     assert_eq!(back.origin_generation, back.generation, "{back:?}");
@@ -400,15 +407,7 @@ async fn interval_snapshots_to_redis_keep_the_newest_and_restore_after_a_kill() 
     assert!(!listed_ids.contains(&latest[0].as_str()), "the oldest was not pruned: {listed_ids:?}");
 
     let placed = replica.get_workspace(&workspace_id).await.expect("get");
-    let node = cluster.node(&placed.node_id).expect("node");
-    node.server.kill();
-    wait_node_gone(&cluster, &node.id).await;
-    let second = &cluster.replicas[1].server;
-    let (read, _) = retry_transient(Duration::from_secs(20), || second.read_file(&workspace_id, "notes.txt")).await;
-    assert_eq!(read.as_deref().ok(), Some(&b"version 3"[..]), "{read:?}\n{}", cluster.logs(40));
-    let back = second.get_workspace(&workspace_id).await.expect("get");
-    assert_ne!(back.node_id, placed.node_id, "{back:?}");
-    assert_eq!(back.origin(), v1::WorkspaceOrigin::Restored, "{back:?}");
+    kill_and_read_back(&cluster, &placed, "notes.txt", b"version 3").await;
     drop(cluster);
     drop(redis);
 }

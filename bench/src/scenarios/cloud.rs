@@ -183,7 +183,7 @@ async fn provision(
 async fn through_sdk(provider: &dyn CloudProvider, rounds: usize) -> anyhow::Result<BTreeMap<String, Vec<Duration>>> {
     let sdk = provider.sdk();
     let area = sdk.venv_area;
-    let venv = tokio::task::spawn_blocking(move || common::venv(area)).await??;
+    let venv = common::testkit_call(&format!(".ci/venv {area}"), move || berth_testkit::venv(area)).await?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("cloud").join(format!("{}_floor.py", provider.backend()));
     let run = tokio::process::Command::new(venv.join("bin/python"))
         .arg(&script)

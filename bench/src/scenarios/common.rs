@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use berth_proto::v1;
 use berth_tests::cluster::Cluster;
 use tonic::transport::Channel;
@@ -117,15 +116,21 @@ pub fn errors_reason(errors: &[String], total: usize) -> String {
     format!("{} of {total} calls failed, e.g. {examples:?}", errors.len())
 }
 
-/// The venv of `.ci/requirements/AREA.txt` (a provider's SDK, moto_server), made or updated
-/// by `.ci/venv`.
-pub fn venv(area: &str) -> anyhow::Result<std::path::PathBuf> {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let output = std::process::Command::new("bash")
-        .arg(repo.join(".ci/venv"))
-        .arg(area)
-        .output()
-        .with_context(|| format!("run .ci/venv {area}"))?;
-    anyhow::ensure!(output.status.success(), ".ci/venv {area} failed: {}", String::from_utf8_lossy(&output.stderr));
-    Ok(std::path::PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+/// Runs a berth-testkit call (a server start, a venv: they panic with what went wrong) on
+/// the blocking pool as a fallible call; `what` leads the error.
+pub async fn testkit_call<T: Send + 'static>(
+    what: &str,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(call).await.map_err(|error| {
+        let reason = match error.try_into_panic() {
+            Ok(panic) => panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+                .unwrap_or_default(),
+            Err(error) => error.to_string(),
+        };
+        anyhow::anyhow!("{what} failed: {reason}")
+    })
 }

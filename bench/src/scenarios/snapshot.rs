@@ -297,33 +297,15 @@ impl StoreServer {
         let (url, server) = match kind {
             "dir" => (format!("file://{}", work.join("dir-store").display()), None),
             "redis" => {
-                let server = started("redis-server", store_servers::redis).await?;
+                let server = common::testkit_call("starting redis-server", store_servers::redis).await?;
                 (server.redis_url("bench"), Some(server))
             }
             "s3" => {
-                let server = started("moto_server", || store_servers::moto("bench")).await?;
+                let server = common::testkit_call("starting moto_server", || store_servers::moto("bench")).await?;
                 (server.s3_url("bench", "snapshots"), Some(server))
             }
             other => bail!("unknown store {other}"),
         };
         Ok(StoreServer { url, _server: server })
     }
-}
-
-/// Runs a testkit server start (which panics with what went wrong) as a fallible call.
-async fn started(
-    name: &str,
-    start: impl FnOnce() -> store_servers::ServerProcess + Send + 'static,
-) -> anyhow::Result<store_servers::ServerProcess> {
-    tokio::task::spawn_blocking(start).await.map_err(|error| {
-        let reason = match error.try_into_panic() {
-            Ok(panic) => panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
-                .unwrap_or_default(),
-            Err(error) => error.to_string(),
-        };
-        anyhow::anyhow!("starting {name} failed: {reason}")
-    })
 }
