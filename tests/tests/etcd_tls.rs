@@ -15,6 +15,8 @@ use berth_tests::etcd::etcd_binary;
 use berth_tests::process::{ManagedProcess, ProcessSpec, free_port};
 
 const ROOT_PASSWORD: &str = "etcd-root-password-0123";
+/// etcd's `--auth-token-ttl` in these tests.
+const TOKEN_TTL: Duration = Duration::from_secs(1);
 
 fn make_certs(dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/certs/make-dev-certs.sh");
@@ -31,61 +33,96 @@ fn tls(certs: &Path, with_client_cert: bool) -> ClientTls {
     }
 }
 
-/// Starts etcd serving clients over TLS only, requiring client certificates from `certs`'s
-/// CA, and turns on its user authentication (user root with [`ROOT_PASSWORD`]).
-async fn start_etcd(certs: &Path) -> (ManagedProcess, String) {
-    let client_port = free_port().unwrap();
-    let peer_port = free_port().unwrap();
-    let dir = tempfile::Builder::new().prefix("berth-etcd-tls-").tempdir().unwrap();
-    let data: PathBuf = dir.path().join("data");
-    let client = format!("https://127.0.0.1:{client_port}");
-    let peer = format!("http://127.0.0.1:{peer_port}");
-    let path = |name: &str| certs.join(name).display().to_string();
-    let args = vec![
-        "--name".to_owned(),
-        "tls".into(),
-        "--data-dir".into(),
-        data.display().to_string(),
-        "--listen-client-urls".into(),
-        client.clone(),
-        "--advertise-client-urls".into(),
-        client.clone(),
-        "--listen-peer-urls".into(),
-        peer.clone(),
-        "--initial-advertise-peer-urls".into(),
-        peer.clone(),
-        "--initial-cluster".into(),
-        format!("tls={peer}"),
-        "--cert-file".into(),
-        path("etcd.pem"),
-        "--key-file".into(),
-        path("etcd.key"),
-        "--trusted-ca-file".into(),
-        path("ca.pem"),
-        "--client-cert-auth".into(),
-    ];
-    let spec = ProcessSpec {
-        env_remove_prefixes: vec!["ETCD_".into()],
-        ..ProcessSpec::new("etcd-tls", etcd_binary()).args(args)
-    };
-    let process = ManagedProcess::spawn_in(spec, dir).unwrap();
-    // Enable authentication with etcd's own API, over the same TLS.
-    let options = etcd_client::ConnectOptions::new()
-        .with_tls(tls(certs, true).config().unwrap())
-        .with_connect_timeout(Duration::from_secs(2));
-    let mut admin = berth_testkit::eventually_ok("etcd serving TLS", Duration::from_secs(30), || {
-        let (client, options) = (client.clone(), options.clone());
-        async move {
-            let mut admin = etcd_client::Client::connect([client], Some(options)).await?;
-            admin.status().await?;
-            Ok::<_, etcd_client::Error>(admin)
+/// An etcd member serving clients over TLS only, requiring client certificates from
+/// `certs`'s CA, with its data in `data` (kept across restarts) on fixed ports.
+struct TlsEtcd {
+    certs: PathBuf,
+    data: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+}
+
+impl TlsEtcd {
+    fn new(certs: &Path, data: &Path) -> Self {
+        Self {
+            certs: certs.into(),
+            data: data.into(),
+            client_port: free_port().unwrap(),
+            peer_port: free_port().unwrap(),
         }
-    })
-    .await;
+    }
+
+    fn endpoint(&self) -> String {
+        format!("https://127.0.0.1:{}", self.client_port)
+    }
+
+    fn spawn(&self) -> ManagedProcess {
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let path = |name: &str| self.certs.join(name).display().to_string();
+        let args = vec![
+            "--name".to_owned(),
+            "tls".into(),
+            "--data-dir".into(),
+            self.data.display().to_string(),
+            "--listen-client-urls".into(),
+            client.clone(),
+            "--advertise-client-urls".into(),
+            client,
+            "--listen-peer-urls".into(),
+            peer.clone(),
+            "--initial-advertise-peer-urls".into(),
+            peer.clone(),
+            "--initial-cluster".into(),
+            format!("tls={peer}"),
+            "--cert-file".into(),
+            path("etcd.pem"),
+            "--key-file".into(),
+            path("etcd.key"),
+            "--trusted-ca-file".into(),
+            path("ca.pem"),
+            "--client-cert-auth".into(),
+            // Short-lived tokens: replicas must authenticate again when theirs expire.
+            format!("--auth-token-ttl={}", TOKEN_TTL.as_secs()),
+        ];
+        let spec = ProcessSpec {
+            env_remove_prefixes: vec!["ETCD_".into()],
+            ..ProcessSpec::new("etcd-tls", etcd_binary()).args(args)
+        };
+        ManagedProcess::spawn(spec).unwrap()
+    }
+
+    /// A root client once the member serves (authenticated when `auth` is on).
+    async fn admin(&self, auth: bool) -> etcd_client::Client {
+        let mut options = etcd_client::ConnectOptions::new()
+            .with_tls(tls(&self.certs, true).config().unwrap())
+            .with_connect_timeout(Duration::from_secs(2));
+        if auth {
+            options = options.with_user("root", ROOT_PASSWORD);
+        }
+        let endpoint = self.endpoint();
+        berth_testkit::eventually_ok("etcd serving TLS", Duration::from_secs(30), || {
+            let (endpoint, options) = (endpoint.clone(), options.clone());
+            async move {
+                let mut admin = etcd_client::Client::connect([endpoint], Some(options)).await?;
+                admin.status().await?;
+                Ok::<_, etcd_client::Error>(admin)
+            }
+        })
+        .await
+    }
+}
+
+/// Starts etcd (see [`TlsEtcd`]) and turns on its user authentication (user root with
+/// [`ROOT_PASSWORD`]) with etcd's own API, over the same TLS.
+async fn start_etcd(certs: &Path, data: &Path) -> (ManagedProcess, TlsEtcd) {
+    let etcd = TlsEtcd::new(certs, data);
+    let process = etcd.spawn();
+    let mut admin = etcd.admin(false).await;
     admin.user_add("root", ROOT_PASSWORD, None).await.expect("user add");
     admin.user_grant_role("root", "root").await.expect("grant root");
     admin.auth_enable().await.expect("auth enable");
-    (process, client)
+    (process, etcd)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +132,8 @@ async fn replicas_reach_etcd_over_tls_with_auth_and_fail_clearly_without() {
     make_certs(&certs);
     let other = dir.path().join("other");
     make_certs(&other);
-    let (etcd, endpoint) = start_etcd(&certs).await;
+    let (etcd, member) = start_etcd(&certs, &dir.path().join("data")).await;
+    let endpoint = member.endpoint();
     let root = Some(("root".to_owned(), Secret::new(ROOT_PASSWORD)));
     let config = |tls: Option<ClientTls>, user: Option<(String, Secret)>| EtcdConfig {
         tls,
@@ -170,4 +208,27 @@ async fn replicas_reach_etcd_over_tls_with_auth_and_fail_clearly_without() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("connecting to etcd at"), "{stderr}");
     drop(etcd);
+}
+
+/// etcd's auth tokens expire after `--auth-token-ttl` without use (5 min by default; 1 s
+/// here): a replica whose registry sat idle that long must not fail every call with
+/// "invalid auth token" until it is restarted. It authenticates again and carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_authenticates_again_when_its_etcd_token_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("pki");
+    make_certs(&certs);
+    let (_etcd, member) = start_etcd(&certs, &dir.path().join("data")).await;
+    let config = EtcdConfig {
+        tls: Some(tls(&certs, true)),
+        user: Some(("root".to_owned(), Secret::new(ROOT_PASSWORD))),
+        ..EtcdConfig::new([member.endpoint()])
+    };
+    let registry = EtcdRegistry::connect(config).await.expect("connect");
+    registry.put("/berth-tls-test/before", bytes::Bytes::from_static(b"1")).await.expect("put");
+    // Idle for longer than the token's TTL: that is the case under test, not a wait for it.
+    tokio::time::sleep(Duration::from_secs(3) + TOKEN_TTL).await;
+    let read = registry.get("/berth-tls-test/before").await.expect("a read after the token expired");
+    assert_eq!(read.expect("present").value.as_ref(), b"1");
+    registry.put("/berth-tls-test/after", bytes::Bytes::from_static(b"2")).await.expect("a write after it");
 }

@@ -113,9 +113,9 @@ impl EtcdRegistry {
             options = options.with_tls(tls);
         }
         if let Some((user, password)) = &config.user {
-            // The client authenticates at connect and renews its token when etcd says it
-            // expired.
-            options = options.with_user(user.clone(), password.expose().to_owned());
+            // The client authenticates at connect and again whenever etcd refuses its token:
+            // tokens expire, and a member that restarted has forgotten every token it knew.
+            options = options.with_user(user.clone(), password.expose().to_owned()).with_auto_token_refresh(true);
         }
         let client = tokio::time::timeout(config.connect_timeout, Client::connect(&config.endpoints, Some(options)))
             .await
