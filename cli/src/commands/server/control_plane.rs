@@ -14,6 +14,8 @@ use berth_proto::tls::{ClientTls, TlsFiles};
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
 
+use crate::telemetry::MetricsTransport;
+
 use super::flags::{default_id, parse_duration, shutdown_on_signal, split_list};
 
 /// Flags of `berth control-plane`.
@@ -299,7 +301,9 @@ pub async fn control_plane(args: ControlPlaneArgs) -> anyhow::Result<i32> {
     let gateway =
         args.gateway.prepare(&config.replica_id, &config.key_prefix, &config.node_auth(), own_endpoint).await?;
     let shutdown = shutdown_on_signal();
-    args.telemetry.serve_metrics(shutdown.clone()).await?;
+    args.telemetry
+        .serve_metrics(MetricsTransport::of(config.tls.as_ref(), config.insecure_plaintext), shutdown.clone())
+        .await?;
     // The gateway stops after the replica, so calls the replica forwarded to it finish.
     let gateway_shutdown = CancellationToken::new();
     let gateway_task = gateway.map(|gateway| gateway.spawn(gateway_shutdown.clone()));

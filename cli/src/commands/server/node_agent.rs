@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::telemetry::MetricsTransport;
 use anyhow::Context;
 use berth_node_agent::NodeAgentConfig;
 use berth_node_agent::config::{CgroupPolicy, UidRange};
@@ -291,7 +292,9 @@ pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let shutdown = shutdown_on_signal();
-    args.telemetry.serve_metrics(shutdown.clone()).await?;
+    args.telemetry
+        .serve_metrics(MetricsTransport::of(config.tls.as_ref(), config.insecure_plaintext), shutdown.clone())
+        .await?;
     berth_node_agent::serve(listener, config, shutdown).await.context("node agent")?;
     Ok(0)
 }

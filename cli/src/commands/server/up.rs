@@ -13,6 +13,8 @@ use berth_proto::tls::ClientTls;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+use crate::telemetry::MetricsTransport;
+
 use super::control_plane::ReplicaFlags;
 use super::flags::shutdown_on_signal;
 use super::node_agent::NodeFlags;
@@ -89,7 +91,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let registry = EmbeddedRegistry::open(&data_dir.join("registry.journal"), EmbeddedConfig::default())
         .with_context(|| format!("opening the registry journal in {}", data_dir.display()))?;
     let shutdown = shutdown_on_signal();
-    args.telemetry.serve_metrics(shutdown.clone()).await?;
+    args.telemetry.serve_metrics(MetricsTransport::of(replica.tls.as_ref(), false), shutdown.clone()).await?;
     // The node agent stops after the control plane so in-flight forwarded calls finish.
     let node_shutdown = CancellationToken::new();
     let node_task = tokio::spawn(berth_node_agent::serve(node_listener, node, node_shutdown.clone()));
