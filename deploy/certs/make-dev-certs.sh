@@ -8,12 +8,19 @@
 #   <node>.pem / .key            per node agent: serverAuth only (so a node's certificate is
 #                                no client certificate for another node); SAN the node id,
 #                                localhost, 127.0.0.1
+#   <member>.pem / .key          per etcd member (ETCD_MEMBERS, default none): serverAuth and
+#                                clientAuth (members are each other's peers over TLS); SAN the
+#                                name, localhost, 127.0.0.1
+#   etcd-root.pem / .key         with ETCD_MEMBERS: clientAuth only, CN "root" — etcd maps a
+#                                client certificate's CN to its user, so this is etcd's root for
+#                                the step that turns authentication on; nobody else holds it
 #   node-credential.key          the replicas' node credential key (kept if present)
 #   <node>.credential            that node's own credential, derived from the key exactly as
 #                                `berth node-credential --key-file node-credential.key
 #                                --node-id <node>` does
 #
-# Usage: [REPLICAS="replica1 replica2"] deploy/certs/make-dev-certs.sh OUT_DIR [NODE_ID...]
+# Usage: [REPLICAS="replica1 replica2"] [ETCD_MEMBERS="etcd1 etcd2"] \
+#          deploy/certs/make-dev-certs.sh OUT_DIR [NODE_ID...]
 #        (default node id: node)
 #
 #   berth control-plane --tls-cert OUT/replica.pem --tls-key OUT/replica.key \
@@ -33,6 +40,7 @@ shift
 nodes=("$@")
 [ ${#nodes[@]} -gt 0 ] || nodes=(node)
 read -r -a replicas <<<"${REPLICAS:-replica}"
+read -r -a members <<<"${ETCD_MEMBERS:-}"
 mkdir -p "$out"
 cd "$out"
 umask 077
@@ -43,11 +51,11 @@ key ca.key
 openssl req -x509 -new -key ca.key -out ca.pem -days 365 -subj "/CN=berth-dev-ca" \
   -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
 
-# issue NAME EXTENSIONS: a key and a certificate signed by the CA.
+# issue NAME EXTENSIONS [CN]: a key and a certificate signed by the CA (CN defaults to NAME).
 issue() {
-  local name=$1 extensions=$2
+  local name=$1 extensions=$2 cn=${3:-$1}
   key "$name.key"
-  openssl req -new -key "$name.key" -out "$name.csr" -subj "/CN=$name" 2>/dev/null
+  openssl req -new -key "$name.key" -out "$name.csr" -subj "/CN=$cn" 2>/dev/null
   printf '%b\n' "$extensions" >"$name.ext"
   openssl x509 -req -in "$name.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -out "$name.pem" -days 365 \
     -extfile "$name.ext" 2>/dev/null
@@ -60,6 +68,12 @@ done
 for node in "${nodes[@]}"; do
   issue "$node" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:$node,DNS:localhost,IP:127.0.0.1"
 done
+for member in "${members[@]}"; do
+  issue "$member" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:$member,DNS:localhost,IP:127.0.0.1"
+done
+if [ ${#members[@]} -gt 0 ]; then
+  issue etcd-root "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth" root
+fi
 rm -f ca.srl
 
 # The node credential key (64 hex digits) and each node's credential:
@@ -72,4 +86,4 @@ for node in "${nodes[@]}"; do
 done
 # Readable by the test and compose users that mount them; keys stay private to the owner.
 chmod 0644 ca.pem ./*.pem
-echo "dev certificates in $(pwd): ca.pem ${replicas[*]/%/.pem} ${nodes[*]/%/.pem}; node-credential.key ${nodes[*]/%/.credential}"
+echo "dev certificates in $(pwd): ca.pem ${replicas[*]/%/.pem} ${nodes[*]/%/.pem}${members:+ ${members[*]/%/.pem} etcd-root.pem}; node-credential.key ${nodes[*]/%/.credential}"
