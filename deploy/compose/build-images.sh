@@ -4,7 +4,8 @@
 #   berth/berth:dev  the berth binary (replicas and node agents) with the shared libraries it
 #                    links, plus static busybox: /bin/sh and the tools the node agent's `local`
 #                    backend runs, and the shell the node service's entrypoint uses
-#   berth/etcd:dev   Debian's etcd (apt-get install etcd-server) with its shared libraries
+#   berth/etcd:dev   Debian's etcd and etcdctl (apt-get install etcd-server etcd-client) with
+#                    their shared libraries, plus static busybox for the etcd-init step's shell
 #
 # Both are `FROM scratch` images assembled from host files (see Dockerfile in this folder):
 # no registry is reached, `scratch` is not pulled. The binaries are dynamically linked, so
@@ -25,6 +26,7 @@ repo="$(cd "$here/../.." && pwd)"
 berth_image="${BERTH_IMAGE:-berth/berth:dev}"
 etcd_image="${ETCD_IMAGE:-berth/etcd:dev}"
 etcd_bin="${ETCD_BIN:-/usr/bin/etcd}"
+etcdctl_bin="${ETCDCTL_BIN:-/usr/bin/etcdctl}"
 busybox="${BUSYBOX:-/bin/busybox}"
 
 log() { printf 'build-images: %s\n' "$*" >&2; }
@@ -32,6 +34,7 @@ die() { log "error: $*"; exit 1; }
 
 command -v docker >/dev/null || die "docker CLI not found"
 [ -x "$etcd_bin" ] || die "$etcd_bin not found (apt-get install etcd-server, or set ETCD_BIN=)"
+[ -x "$etcdctl_bin" ] || die "$etcdctl_bin not found (apt-get install etcd-client, or set ETCDCTL_BIN=)"
 [ -x "$busybox" ] || die "$busybox not found (apt-get install busybox-static, or set BUSYBOX=)"
 if command -v file >/dev/null && ! file -L "$busybox" | grep -q 'statically linked'; then
     die "$busybox is not statically linked (install busybox-static)"
@@ -108,6 +111,7 @@ build() {
             ;;
         etcd)
             add_binary "$etcd_bin" "$workdir/rootfs"
+            add_binary "$etcdctl_bin" "$workdir/rootfs"
             add_busybox "$workdir/rootfs"
             ;;
     esac
@@ -120,4 +124,4 @@ build() {
 # shellcheck disable=SC2046 # the library list is one path per word
 build "$berth_image" berth "$berth_bin" "$busybox" $(libraries_of "$berth_bin")
 # shellcheck disable=SC2046
-build "$etcd_image" etcd "$etcd_bin" "$busybox" $(libraries_of "$etcd_bin")
+build "$etcd_image" etcd "$etcd_bin" "$etcdctl_bin" "$busybox" $(libraries_of "$etcd_bin") $(libraries_of "$etcdctl_bin")

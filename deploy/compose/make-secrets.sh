@@ -1,18 +1,59 @@
 #!/usr/bin/env bash
-# Writes the compose cluster's secrets into a folder (default ./secrets beside this script,
-# ignored by git): node.secret (shared by replicas and node agents) and tokens.toml with
-# three random bearer tokens — an admin, a service acting for users, and a user `alice`.
-# Existing files are kept, so running it twice changes nothing.
+# Writes the compose cluster's credentials into a folder (default ./secrets beside this
+# script, ignored by git), one sub-folder per service holding only what that service needs:
 #
-# Usage: deploy/compose/make-secrets.sh [DIR]
+#   pki/                       everything, made by ../certs/make-dev-certs.sh (the CA and its
+#                              key, every certificate and key, the node credential key, each
+#                              node's credential) and the etcd passwords; mounted by nobody
+#   tokens.toml                three random bearer tokens: an admin, a service acting for
+#                              users, and a user `alice` (an existing file is kept)
+#   replicaN/                  ca.pem, tls.pem/.key (serverAuth + clientAuth, SAN replicaN),
+#                              node-credential.key, tokens.toml, etcd.password (etcd user berth)
+#   nodeN/                     ca.pem, tls.pem/.key (serverAuth, SAN nodeN), node.credential
+#   etcdN/                     ca.pem, tls.pem/.key (serverAuth + clientAuth, SAN etcdN)
+#   etcd-init/                 ca.pem, root.pem/.key (CN root), root.password, berth.password
+#
+# Existing keys, certificates, passwords and tokens are kept, so running it twice changes
+# nothing; the per-service folders are copied again from pki/ each run.
+#
+# Usage: deploy/compose/make-secrets.sh [DIR [NODE_ID...]]   (default nodes: node1 … node5)
 set -euo pipefail
-dir="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/secrets}"
-mkdir -p "$dir"
-chmod 0755 "$dir"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+dir="${1:-$here/secrets}"
+shift || true
+nodes=("$@")
+[ ${#nodes[@]} -gt 0 ] || nodes=(node1 node2 node3 node4 node5)
+replicas=(replica1 replica2 replica3)
+members=(etcd1 etcd2 etcd3)
+umask 077
+mkdir -p "$dir/pki"
+chmod 0700 "$dir"
+
 random() { head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40; }
-if [ ! -s "$dir/node.secret" ]; then
-    random >"$dir/node.secret"
+
+if [ ! -s "$dir/pki/ca.pem" ]; then
+    REPLICAS="${replicas[*]}" ETCD_MEMBERS="${members[*]}" "$here/../certs/make-dev-certs.sh" "$dir/pki" "${nodes[@]}" >/dev/null
 fi
+# Nodes named now that the CA exists: issued by the same CA (make-dev-certs.sh would make a
+# new one), so an added node joins the running cluster.
+for node in "${nodes[@]}"; do
+    [ -s "$dir/pki/$node.pem" ] && continue
+    key="$dir/pki/$node.key"
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$key" 2>/dev/null
+    openssl req -new -key "$key" -out "$dir/pki/$node.csr" -subj "/CN=$node" 2>/dev/null
+    printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1\n' \
+        "$node" >"$dir/pki/$node.ext"
+    openssl x509 -req -in "$dir/pki/$node.csr" -CA "$dir/pki/ca.pem" -CAkey "$dir/pki/ca.key" -CAcreateserial \
+        -out "$dir/pki/$node.pem" -days 365 -extfile "$dir/pki/$node.ext" 2>/dev/null
+    rm -f "$dir/pki/$node.csr" "$dir/pki/$node.ext" "$dir/pki/ca.srl"
+    credential_key=$(tr -d '[:space:]' <"$dir/pki/node-credential.key")
+    mac=$(printf '%s' "berth-node/v1/$node" | openssl dgst -sha256 -hmac "$credential_key" | awk '{print $NF}')
+    printf 'berth-node.%s.%s\n' "$node" "$mac" >"$dir/pki/$node.credential"
+done
+for password in etcd-root etcd-berth; do
+    [ -s "$dir/pki/$password.password" ] || random >"$dir/pki/$password.password"
+done
+
 if [ ! -s "$dir/tokens.toml" ]; then
     cat >"$dir/tokens.toml" <<TOML
 [[token]]
@@ -30,6 +71,29 @@ secret = "$(random)"
 user = "alice"
 TOML
 fi
-# Read by root inside the containers through a read-only bind mount.
-chmod 0644 "$dir/node.secret" "$dir/tokens.toml"
+
+# folder NAME SOURCE:TARGET...: a fresh per-service folder holding copies of exactly these.
+folder() {
+    local name=$1 pair
+    shift
+    rm -rf "${dir:?}/$name"
+    mkdir -p "$dir/$name"
+    for pair in "$@"; do
+        cp "$dir/${pair%%:*}" "$dir/$name/${pair##*:}"
+    done
+}
+for replica in "${replicas[@]}"; do
+    folder "$replica" pki/ca.pem:ca.pem "pki/$replica.pem:tls.pem" "pki/$replica.key:tls.key" \
+        pki/node-credential.key:node-credential.key tokens.toml:tokens.toml pki/etcd-berth.password:etcd.password
+done
+for node in "${nodes[@]}"; do
+    folder "$node" pki/ca.pem:ca.pem "pki/$node.pem:tls.pem" "pki/$node.key:tls.key" "pki/$node.credential:node.credential"
+done
+for member in "${members[@]}"; do
+    folder "$member" pki/ca.pem:ca.pem "pki/$member.pem:tls.pem" "pki/$member.key:tls.key"
+done
+folder etcd-init pki/ca.pem:ca.pem pki/etcd-root.pem:root.pem pki/etcd-root.key:root.key \
+    pki/etcd-root.password:root.password pki/etcd-berth.password:berth.password
+# The containers run as root and read these through read-only bind mounts; on the host they
+# stay private to their owner.
 echo "$dir"

@@ -1,9 +1,12 @@
 //! The compose cluster of `deploy/compose/` driven from tests: 3 etcd members, 3 replicas and
-//! N node agents, each its own container on a private Docker network, under one compose
-//! project per [`ComposeCluster`]. The test talks gRPC to the ports compose publishes on
-//! 127.0.0.1 and breaks the cluster with the docker CLI (`kill`, `network disconnect`,
-//! `restart`). Dropping the handle tears the project down (containers, network, volumes),
-//! also when the test panics.
+//! 3 node agents (node4 and node5 on demand), each its own container on a private Docker
+//! network, under one compose project per [`ComposeCluster`], with the credentials
+//! `deploy/compose/make-secrets.sh` makes: TLS on every listener, etcd with TLS and user
+//! authentication, a credential per node. The test talks gRPC over TLS to the ports compose
+//! publishes on 127.0.0.1, scrapes metrics over HTTPS at the containers' addresses on the
+//! Docker network (the host reaches them), and breaks the cluster with the docker CLI
+//! (`kill`, `network disconnect`, `restart`). Dropping the handle tears the project down
+//! (containers, network, volumes), also when the test panics.
 //!
 //! Needs the images `deploy/compose/build-images.sh` builds (`berth/berth:dev`,
 //! `berth/etcd:dev`); a missing image fails the test with that instruction.
@@ -22,8 +25,9 @@ use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::berth::{channel, is_serving};
+use berth_proto::credentials::NodeCredentialKey;
 use berth_testkit::wait_until;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 /// Images the compose file runs (its defaults).
 pub const BERTH_IMAGE: &str = "berth/berth:dev";
@@ -32,6 +36,9 @@ pub const ETCD_IMAGE: &str = "berth/etcd:dev";
 pub const REPLICA_SERVICES: [&str; 3] = ["replica1", "replica2", "replica3"];
 /// The etcd member services.
 pub const ETCD_SERVICES: [&str; 3] = ["etcd1", "etcd2", "etcd3"];
+/// The node services `up` starts; [`EXTRA_NODE_SERVICES`] start on demand (profile `scale`).
+pub const NODE_SERVICES: [&str; 3] = ["node1", "node2", "node3"];
+pub const EXTRA_NODE_SERVICES: [&str; 2] = ["node4", "node5"];
 /// Ports inside the containers.
 const REPLICA_PORT: u16 = 7070;
 /// Longest a single docker / compose command may take.
@@ -40,7 +47,6 @@ const DOCKER_TIMEOUT: Duration = Duration::from_secs(120);
 /// Lease and heartbeat settings of the test cluster: short, so failures show quickly.
 #[derive(Clone, Debug)]
 pub struct ComposeConfig {
-    pub nodes: usize,
     pub node_lease_ttl: Duration,
     pub replica_lease_ttl: Duration,
     pub heartbeat_interval: Duration,
@@ -51,7 +57,6 @@ pub struct ComposeConfig {
 impl Default for ComposeConfig {
     fn default() -> Self {
         Self {
-            nodes: 3,
             node_lease_ttl: Duration::from_secs(3),
             replica_lease_ttl: Duration::from_secs(3),
             heartbeat_interval: Duration::from_millis(500),
@@ -66,9 +71,10 @@ pub type AuthedChannel = InterceptedService<Channel, BearerInterceptor>;
 #[derive(Clone)]
 pub struct ComposeReplica {
     pub service: &'static str,
-    /// `http://127.0.0.1:<published port>`.
+    /// `https://127.0.0.1:<published port>`.
     pub endpoint: String,
     channel: Channel,
+    tls: ClientTlsConfig,
     token: Secret,
 }
 
@@ -131,7 +137,13 @@ impl ComposeReplica {
     }
 
     pub async fn is_serving(&self) -> bool {
-        is_serving(&self.endpoint).await
+        let channel = tls_channel(&self.endpoint, self.tls.clone());
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
+        let Ok(Ok(response)) = tokio::time::timeout(Duration::from_secs(2), health.check(request)).await else {
+            return false;
+        };
+        response.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     }
 }
 
@@ -143,7 +155,6 @@ pub struct ComposeCluster {
     compose_file: PathBuf,
     secrets: TempDir,
     admin_token: Secret,
-    node_secret: Secret,
     /// Host ports the replicas are published on: fixed for the project's life, so a
     /// restarted replica comes back at the same address.
     replica_ports: [u16; 3],
@@ -203,17 +214,16 @@ impl ComposeCluster {
         let compose_file = root.join("deploy/compose/docker-compose.yml");
         let secrets = tempfile::Builder::new().prefix("berth-compose-secrets-").tempdir()?;
         let admin_token = Secret::new(format!("admin-{:032x}", rand::random::<u128>()));
-        let node_secret = format!("node-{:032x}", rand::random::<u128>());
-        std::fs::write(secrets.path().join("node.secret"), &node_secret)?;
         std::fs::write(
             secrets.path().join("tokens.toml"),
             format!("[[token]]\nsecret = \"{}\"\nadmin = true\nname = \"test\"\n", admin_token.expose()),
         )?;
-        // The containers read these as root through a read-only bind mount.
-        for name in ["node.secret", "tokens.toml"] {
-            std::fs::set_permissions(secrets.path().join(name), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        // The deployment's own script makes the rest (it keeps this tokens.toml).
+        let script = root.join("deploy/compose/make-secrets.sh");
+        let made = tokio::process::Command::new("bash").arg(&script).arg(secrets.path()).output().await?;
+        if !made.status.success() {
+            bail!("make-secrets.sh failed: {}", String::from_utf8_lossy(&made.stderr));
         }
-        std::fs::set_permissions(secrets.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
         let project = format!("berthtest{:08x}", rand::random::<u32>());
         let cluster = Self {
             project,
@@ -222,7 +232,6 @@ impl ComposeCluster {
             compose_file,
             secrets,
             admin_token,
-            node_secret: Secret::new(node_secret),
             replica_ports: [crate::process::free_port()?, crate::process::free_port()?, crate::process::free_port()?],
             bring_up: Duration::ZERO,
         };
@@ -232,17 +241,16 @@ impl ComposeCluster {
 
     async fn bring_up(mut self) -> anyhow::Result<Self> {
         let started = Instant::now();
-        let nodes = self.config.nodes.to_string();
-        self.compose(&["up", "--detach", "--no-color", "--scale", &format!("node={nodes}")])
-            .await
-            .context("compose up")?;
+        self.compose(&["up", "--detach", "--no-color"]).await.context("compose up")?;
         for service in REPLICA_SERVICES {
             let published = self.published_port(service, REPLICA_PORT).await?;
-            let endpoint = format!("http://{published}");
+            let endpoint = format!("https://{published}");
+            let tls = self.client_tls(None)?;
             self.replicas.push(ComposeReplica {
                 service,
-                channel: channel(&endpoint),
+                channel: tls_channel(&endpoint, tls.clone()),
                 endpoint,
+                tls,
                 token: self.admin_token.clone(),
             });
         }
@@ -291,11 +299,109 @@ impl ComposeCluster {
         Ok(published)
     }
 
-    /// The Prometheus text at `url` as seen from inside `container` on the cluster network
-    /// (busybox `wget` in the berth image; the etcd image has no tools, so scrape etcd from
-    /// a berth container).
-    pub async fn scrape(&self, container: &str, url: &str) -> anyhow::Result<String> {
-        docker(&["exec", container, "wget", "-q", "-O", "-", url]).await
+    /// A file of the credentials make-secrets.sh wrote (`pki/ca.pem`, `pki/replica1.key`, …).
+    pub fn secret_path(&self, name: &str) -> PathBuf {
+        self.secrets.path().join(name)
+    }
+
+    /// TLS towards the cluster's listeners: trusting its CA, presenting `identity`'s
+    /// certificate (`pki/<identity>.pem`) when given.
+    pub fn client_tls(&self, identity: Option<&str>) -> anyhow::Result<ClientTlsConfig> {
+        let ca = std::fs::read(self.secret_path("pki/ca.pem"))?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost");
+        if let Some(name) = identity {
+            let cert = std::fs::read(self.secret_path(&format!("pki/{name}.pem")))?;
+            let key = std::fs::read(self.secret_path(&format!("pki/{name}.key")))?;
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        Ok(tls)
+    }
+
+    /// The address of `service`'s container on the project network (reachable from the host).
+    pub async fn address(&self, service: &str) -> anyhow::Result<String> {
+        let container = self.container(service).await?;
+        let out =
+            docker(&["inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &container])
+                .await?;
+        Ok(out.trim().to_owned())
+    }
+
+    /// `GET path` over HTTPS from `service`'s `port`, verifying its certificate (SAN =
+    /// service name) against the cluster CA and presenting `identity`'s certificate when
+    /// given (etcd wants one). Returns the body of a 200 answer.
+    pub async fn https_get(
+        &self,
+        service: &str,
+        port: u16,
+        path: &str,
+        identity: Option<&str>,
+    ) -> anyhow::Result<String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_file(self.secret_path("pki/ca.pem"))?)?;
+        let builder =
+            rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots);
+        let config = match identity {
+            Some(name) => builder.with_client_auth_cert(
+                CertificateDer::pem_file_iter(self.secret_path(&format!("pki/{name}.pem")))?
+                    .collect::<Result<Vec<_>, _>>()?,
+                PrivateKeyDer::from_pem_file(self.secret_path(&format!("pki/{name}.key")))?,
+            )?,
+            None => builder.with_no_client_auth(),
+        };
+        let address = format!("{}:{port}", self.address(service).await?);
+        let exchange = async {
+            let tcp = tokio::net::TcpStream::connect(&address).await?;
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+            let mut tls = connector.connect(ServerName::try_from(service.to_owned())?, tcp).await?;
+            let request = format!("GET {path} HTTP/1.1\r\nHost: {service}\r\nConnection: close\r\n\r\n");
+            tls.write_all(request.as_bytes()).await?;
+            let mut response = Vec::new();
+            // A peer that closes without TLS close_notify still sent the whole answer.
+            if let Err(error) = tls.read_to_end(&mut response).await
+                && error.kind() != std::io::ErrorKind::UnexpectedEof
+            {
+                return Err(error.into());
+            }
+            anyhow::Ok(String::from_utf8_lossy(&response).into_owned())
+        };
+        let response = tokio::time::timeout(Duration::from_secs(10), exchange)
+            .await
+            .with_context(|| format!("https://{service}:{port}{path} took over 10 s"))??;
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response.as_str(), ""));
+        if !head.starts_with("HTTP/1.1 200") {
+            bail!("https://{service}:{port}{path}: {}", head.lines().next().unwrap_or(""));
+        }
+        Ok(body.to_owned())
+    }
+
+    /// The Prometheus text of `service`'s metrics port over HTTPS (replicas and nodes 9100;
+    /// etcd members 2379, with a replica's client certificate).
+    pub async fn scrape(&self, service: &str) -> anyhow::Result<String> {
+        if service.starts_with("etcd") {
+            self.https_get(service, 2379, "/metrics", Some("replica1")).await
+        } else {
+            self.https_get(service, 9100, "/metrics", None).await
+        }
+    }
+
+    /// What a plaintext client gets from `service`'s `port` for `GET /metrics` (the bytes
+    /// of the answer, empty when the connection was closed).
+    pub async fn plaintext_get(&self, service: &str, port: u16) -> anyhow::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = format!("{}:{port}", self.address(service).await?);
+        let exchange = async {
+            let mut tcp = tokio::net::TcpStream::connect(&address).await?;
+            tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+            let mut answer = Vec::new();
+            let _ = tcp.read_to_end(&mut answer).await;
+            anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
+        };
+        tokio::time::timeout(Duration::from_secs(10), exchange).await.context("plaintext probe took over 10 s")?
     }
 
     /// Full container ids of `service`.
@@ -309,34 +415,35 @@ impl ComposeCluster {
         self.containers(service).await?.into_iter().next().with_context(|| format!("no container for {service}"))
     }
 
-    /// Node ids of the running node containers (a node is named after its hostname, the
-    /// short container id), sorted.
+    /// Ids of the nodes that have a container (a node's id is its service's name), sorted.
     pub async fn node_ids(&self) -> anyhow::Result<Vec<String>> {
-        let mut ids: Vec<String> =
-            self.containers("node").await?.iter().map(|container| node_id_of(container)).collect();
-        ids.sort();
+        let mut ids = Vec::new();
+        for service in NODE_SERVICES.iter().chain(&EXTRA_NODE_SERVICES) {
+            if !self.containers(service).await?.is_empty() {
+                ids.push((*service).to_owned());
+            }
+        }
         Ok(ids)
     }
 
     /// The container of node `node_id`.
     pub async fn node_container(&self, node_id: &str) -> anyhow::Result<String> {
-        let containers = self.containers("node").await?;
-        containers
-            .into_iter()
-            .find(|container| node_id_of(container) == node_id)
-            .with_context(|| format!("no node container for {node_id}"))
+        self.container(node_id).await
     }
 
     /// A client of node `node_id`'s data plane (`WorkspaceService`) through its published
-    /// port, carrying the node secret as a replica would.
+    /// port, as a replica reaches it: replica1's client certificate and the replica
+    /// credential for that node.
     pub async fn node_client(&self, node_id: &str) -> anyhow::Result<WorkspaceServiceClient<AuthedChannel>> {
         let container = self.node_container(node_id).await?;
         let out = docker(&["port", &container, "7071/tcp"]).await?;
         let published = out.lines().find(|line| line.starts_with("127.0.0.1:")).context("node port not published")?;
-        let endpoint = format!("http://{}", published.trim());
+        let endpoint = format!("https://{}", published.trim());
+        let key =
+            NodeCredentialKey::from_file(&self.secret_path("pki/node-credential.key")).map_err(anyhow::Error::msg)?;
         Ok(WorkspaceServiceClient::with_interceptor(
-            channel(&endpoint),
-            BearerInterceptor::new(Some(&self.node_secret)),
+            tls_channel(&endpoint, self.client_tls(Some("replica1"))?),
+            BearerInterceptor::new(Some(&key.replica_credential(node_id))),
         ))
     }
 
@@ -512,10 +619,15 @@ fn unix_seconds(date: &str, time: &str) -> Option<u64> {
     u64::try_from(days * 86_400 + hour * 3600 + minute * 60 + second).ok()
 }
 
-/// A node agent in the compose cluster is named after its hostname: the first 12 hex digits
-/// of its container id.
-pub fn node_id_of(container: &str) -> String {
-    container.chars().take(12).collect()
+/// A lazily connecting channel to `endpoint` over `tls`.
+fn tls_channel(endpoint: &str, tls: ClientTlsConfig) -> Channel {
+    Endpoint::from_shared(endpoint.to_owned())
+        .expect("valid endpoint")
+        .tls_config(tls)
+        .expect("tls config")
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect_lazy()
 }
 
 #[cfg(test)]

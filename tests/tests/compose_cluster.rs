@@ -22,10 +22,10 @@ use tokio::sync::Semaphore;
 /// How long the test client keeps retrying one call that fails transiently.
 const RETRY_WINDOW: Duration = Duration::from_secs(10);
 
-async fn start(nodes: usize) -> ComposeCluster {
-    let config = ComposeConfig { nodes, ..ComposeConfig::default() };
-    let cluster = ComposeCluster::start(config).await.unwrap_or_else(|error| panic!("compose up: {error:#}"));
-    println!("measured: bring-up of {} ({nodes} nodes) took {:?}", cluster.project, cluster.bring_up);
+async fn start() -> ComposeCluster {
+    let cluster =
+        ComposeCluster::start(ComposeConfig::default()).await.unwrap_or_else(|error| panic!("compose up: {error:#}"));
+    println!("measured: bring-up of {} (3 nodes) took {:?}", cluster.project, cluster.bring_up);
     cluster
 }
 
@@ -46,7 +46,7 @@ async fn runs_on(replica: &ComposeReplica, workspace_id: &str) -> Result<String,
 /// workspace created through one replica runs the same commands through the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_bring_up_serves_sessions_and_exec_through_every_replica() {
-    let cluster = start(3).await;
+    let cluster = start().await;
     let nodes = cluster.node_ids().await.expect("node ids");
     for (index, replica) in cluster.replicas.iter().enumerate() {
         let user = format!("user-{index}");
@@ -62,6 +62,35 @@ async fn compose_bring_up_serves_sessions_and_exec_through_every_replica() {
         }
     }
     metrics_of_every_process(&cluster, &nodes).await;
+    plaintext_is_refused_everywhere(&cluster, &nodes).await;
+}
+
+/// Every listener of the cluster speaks TLS only: gRPC of replicas and nodes, their metrics,
+/// etcd's client and peer ports. A plaintext client gets no answer it could use.
+async fn plaintext_is_refused_everywhere(cluster: &ComposeCluster, nodes: &[String]) {
+    let mut listeners: Vec<(String, u16)> = Vec::new();
+    for service in REPLICA_SERVICES {
+        listeners.extend([(service.to_owned(), 7070), (service.to_owned(), 9100)]);
+    }
+    for node in nodes {
+        listeners.extend([(node.clone(), 7071), (node.clone(), 9100)]);
+    }
+    for member in ETCD_SERVICES {
+        listeners.extend([(member.to_owned(), 2379), (member.to_owned(), 2380)]);
+    }
+    for (service, port) in listeners {
+        let answer = cluster.plaintext_get(&service, port).await.expect("plaintext probe");
+        // etcd (Go) answers "400 Bad Request: client sent an HTTP request to an HTTPS server".
+        let refused = answer.is_empty() || answer.starts_with("HTTP/1.0 400") || !answer.starts_with("HTTP/");
+        assert!(refused && !answer.contains("_total"), "{service}:{port} answered plaintext: {answer:?}");
+    }
+    // And a plaintext gRPC client of a replica's published port fails.
+    let published = cluster.replicas[0].endpoint.replace("https://", "http://");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(berth_tests::berth::channel(&published));
+    let checked = health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await;
+    assert!(checked.is_err(), "plaintext gRPC answered: {checked:?}");
+    // etcd refuses a client without a certificate of the cluster CA.
+    assert!(cluster.https_get(ETCD_SERVICES[0], 2379, "/metrics", None).await.is_err(), "etcd without client cert");
 }
 
 /// The value of the first sample of `series` whose labels contain every one of `labels`.
@@ -78,8 +107,7 @@ fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
 async fn metrics_of_every_process(cluster: &ComposeCluster, nodes: &[String]) {
     let mut execs_on_nodes = 0.0;
     for node in nodes {
-        let container = cluster.node_container(node).await.expect("node container");
-        let text = cluster.scrape(&container, "http://127.0.0.1:9100/metrics").await.expect("scrape a node agent");
+        let text = cluster.scrape(node).await.expect("scrape a node agent");
         assert!(text.contains("berth_node_agent_workspaces"), "node {node}:\n{text}");
         execs_on_nodes +=
             sample(&text, "berth_node_agent_exec_duration_seconds_count", &[r#"backend="local""#]).unwrap_or(0.0);
@@ -88,8 +116,7 @@ async fn metrics_of_every_process(cluster: &ComposeCluster, nodes: &[String]) {
     // hostname, plus one read through each of the three).
     assert!(execs_on_nodes >= 9.0, "only {execs_on_nodes} execs counted on the node agents");
     for service in REPLICA_SERVICES {
-        let container = cluster.container(service).await.expect("replica container");
-        let text = cluster.scrape(&container, "http://127.0.0.1:9100/metrics").await.expect("scrape a replica");
+        let text = cluster.scrape(service).await.expect("scrape a replica");
         let expect = |series: &str, labels: &[&str]| {
             sample(&text, series, labels).unwrap_or_else(|| panic!("{service}: no {series}{labels:?} in\n{text}"))
         };
@@ -105,8 +132,7 @@ async fn metrics_of_every_process(cluster: &ComposeCluster, nodes: &[String]) {
     let heartbeats = || async {
         let (mut streams, mut gaps) = (0.0, 0.0);
         for service in REPLICA_SERVICES {
-            let container = cluster.container(service).await.ok()?;
-            let text = cluster.scrape(&container, "http://127.0.0.1:9100/metrics").await.ok()?;
+            let text = cluster.scrape(service).await.ok()?;
             streams += sample(&text, "berth_control_plane_heartbeat_streams", &[]).unwrap_or(0.0);
             gaps += sample(&text, "berth_control_plane_heartbeat_gap_seconds_count", &[]).unwrap_or(0.0);
         }
@@ -116,9 +142,8 @@ async fn metrics_of_every_process(cluster: &ComposeCluster, nodes: &[String]) {
         wait_for(Duration::from_secs(15), heartbeats).await.is_some(),
         "no heartbeat stream and gap per node in the replicas' metrics within 15 s"
     );
-    let scraper = cluster.container(REPLICA_SERVICES[0]).await.expect("replica container");
     for member in ETCD_SERVICES {
-        let text = cluster.scrape(&scraper, &format!("http://{member}:2379/metrics")).await.expect("scrape etcd");
+        let text = cluster.scrape(member).await.expect("scrape etcd");
         assert_eq!(sample(&text, "etcd_server_has_leader", &[]), Some(1.0), "{member} has no leader");
     }
 }
@@ -129,7 +154,7 @@ async fn metrics_of_every_process(cluster: &ComposeCluster, nodes: &[String]) {
 /// quarantines its superseded copy, and every replica keeps routing to the new place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_partitioned_node_is_dropped_its_workspace_moves_and_it_fences_on_return() {
-    let cluster = start(3).await;
+    let cluster = start().await;
     let session = cluster.replicas[0].create_session("partition", "coder", "").await.expect("create");
     let workspace_id = session.workspace_id;
     cluster.replicas[0].exec(&workspace_id, &["sh", "-c", "echo before > marker"]).await.expect("exec");
@@ -238,7 +263,7 @@ async fn compose_etcd_member_killed_during_storm_of_first_sessions() {
     const CALLS: usize = 300;
     const KILL_AFTER: usize = 30;
     const FREE_RUNNING: usize = 100;
-    let cluster = start(3).await;
+    let cluster = start().await;
     let nodes = cluster.node_ids().await.expect("ids");
     let mut before = BTreeSet::new();
     for node in &nodes {
@@ -344,9 +369,7 @@ async fn compose_etcd_member_killed_during_storm_of_first_sessions() {
 async fn etcd_leader(cluster: &ComposeCluster) -> String {
     let leader = wait_for(Duration::from_secs(20), || async {
         for service in ETCD_SERVICES {
-            let container = cluster.container(service).await.ok()?;
-            let metrics =
-                docker(&["exec", &container, "wget", "-q", "-O", "-", "http://127.0.0.1:2379/metrics"]).await.ok()?;
+            let metrics = cluster.scrape(service).await.ok()?;
             if metrics.lines().any(|line| line.trim() == "etcd_server_is_leader 1") {
                 return Some(service.to_owned());
             }
@@ -363,7 +386,7 @@ async fn etcd_leader(cluster: &ComposeCluster) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_rolling_restart_of_replicas_under_exec_load() {
     const CLIENTS: usize = 4;
-    let cluster = start(3).await;
+    let cluster = start().await;
     let mut workspaces = Vec::new();
     for client in 0..CLIENTS {
         let session = cluster.replicas[client % 3].create_session(&format!("rolling-{client}"), "coder", "").await;
@@ -463,17 +486,20 @@ fn from_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some_and(|source| source.is::<tonic::transport::Error>())
 }
 
-/// Scaling node agents 3 → 5 with compose: the new nodes register and new workspaces
+/// Adding node agents 3 → 5 (node4 and node5, each with its own credential): they register and new workspaces
 /// are placed on them (placement prefers the least loaded node).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_scaling_node_agents_spreads_new_workspaces() {
-    let cluster = start(3).await;
+    let cluster = start().await;
     for index in 0..6 {
         cluster.replicas[index % 3].create_session(&format!("early-{index}"), "coder", "").await.expect("create");
     }
     let old = cluster.node_ids().await.expect("ids");
     let scaled_at = Instant::now();
-    cluster.compose(&["up", "--detach", "--no-color", "--no-recreate", "--scale", "node=5"]).await.expect("scale");
+    cluster
+        .compose(&["--profile", "scale", "up", "--detach", "--no-color", "--no-recreate", "node4", "node5"])
+        .await
+        .expect("scale");
     let all = cluster.node_ids().await.expect("ids");
     assert_eq!(all.len(), 5);
     assert!(cluster.wait_nodes_listed(&all, Duration::from_secs(30)).await, "{}", cluster.logs(30).await);

@@ -498,20 +498,70 @@ fn every_berth_variable_in_deploy_is_one_the_cli_reads() {
 }
 
 #[test]
-fn the_compose_file_has_three_etcd_members_three_replicas_and_a_scalable_node_service() {
+fn the_compose_file_runs_tls_everywhere_and_each_node_mounts_only_its_own_credentials() {
     let text = std::fs::read_to_string(repo_root().join("deploy/compose/docker-compose.yml")).expect("compose file");
     let mut compose: serde_yaml::Value = serde_yaml::from_str(&text).expect("compose YAML");
-    // The replica and etcd services share their settings through YAML merge keys (`<<`).
+    // The services share their settings through YAML merge keys (`<<`).
     compose.apply_merge().expect("merge keys");
     let compose: Value = serde_json::to_value(compose).expect("compose as JSON");
     let services = compose["services"].as_object().expect("services");
     let names: BTreeSet<&str> = services.keys().map(String::as_str).collect();
-    let expected: BTreeSet<&str> = ["etcd1", "etcd2", "etcd3", "replica1", "replica2", "replica3", "node"].into();
+    let expected: BTreeSet<&str> = [
+        "etcd1",
+        "etcd2",
+        "etcd3",
+        "etcd-init",
+        "replica1",
+        "replica2",
+        "replica3",
+        "node1",
+        "node2",
+        "node3",
+        "node4",
+        "node5",
+    ]
+    .into();
     assert_eq!(names, expected);
-    // A scalable service cannot pin a container name or hostname.
-    let node = &services["node"];
-    assert!(node.get("container_name").is_none() && node.get("hostname").is_none());
     for (name, service) in services {
         assert_eq!(service["networks"], serde_json::json!(["berth"]), "{name} is on the private network");
+        // One folder of make-secrets.sh per service, named after it, read-only.
+        let volumes = service["volumes"].as_array().unwrap_or_else(|| panic!("{name} mounts no credentials"));
+        let target = if name.starts_with("etcd") { "/etc/etcd" } else { "/etc/berth" };
+        let own = format!("${{BERTH_SECRETS_DIR:-./secrets}}/{name}:{target}:ro");
+        assert_eq!(volumes, &vec![Value::String(own)], "{name} mounts only its own folder");
+        let environment = service["environment"].as_object().cloned().unwrap_or_default();
+        for (variable, value) in &environment {
+            assert!(
+                !variable.starts_with("BERTH_INSECURE") && variable != "BERTH_SHARED_NODE_SECRET_FILE",
+                "{name} sets {variable}"
+            );
+            let value = value.as_str().unwrap_or_default();
+            if matches!(
+                variable.as_str(),
+                "BERTH_ETCD" | "BERTH_CONTROL_PLANE" | "BERTH_ADVERTISE" | "BERTH_NODE_ADVERTISE"
+            ) {
+                assert!(value.split(',').all(|url| url.starts_with("https://")), "{name}: {variable}={value}");
+            }
+            if variable.starts_with("ETCD_") && variable.ends_with("_URLS") || variable == "ETCD_INITIAL_CLUSTER" {
+                assert!(!value.contains("http://"), "{name}: {variable}={value}");
+            }
+        }
+        if name.starts_with("node") {
+            assert_eq!(environment["BERTH_NODE_ID"], Value::String(name.clone()), "{name}'s id is its name");
+            assert_eq!(service["hostname"], Value::String(name.clone()));
+            assert!(
+                environment.contains_key("BERTH_NODE_CREDENTIAL_FILE")
+                    && environment.contains_key("BERTH_NODE_TLS_CERT")
+            );
+        }
+        if name.starts_with("replica") {
+            for variable in ["BERTH_TLS_CERT", "BERTH_NODE_CREDENTIAL_KEY_FILE", "BERTH_ETCD_CA", "BERTH_ETCD_USER"] {
+                assert!(environment.contains_key(variable), "{name} lacks {variable}");
+            }
+        }
+    }
+    // node4 and node5 start only on demand.
+    for name in ["node4", "node5"] {
+        assert_eq!(services[name]["profiles"], serde_json::json!(["scale"]), "{name}");
     }
 }
