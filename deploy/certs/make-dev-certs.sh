@@ -47,13 +47,18 @@ umask 077
 
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
 
-key ca.key
-openssl req -x509 -new -key ca.key -out ca.pem -days 365 -subj "/CN=berth-dev-ca" \
-  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+# A CA already in OUT_DIR is kept, and so is every certificate it issued there: running the
+# script again with another node id adds that node to the same cluster.
+if [ ! -s ca.pem ] || [ ! -s ca.key ]; then
+  key ca.key
+  openssl req -x509 -new -key ca.key -out ca.pem -days 365 -subj "/CN=berth-dev-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+fi
 
 # issue NAME EXTENSIONS [CN]: a key and a certificate signed by the CA (CN defaults to NAME).
 issue() {
   local name=$1 extensions=$2 cn=${3:-$1}
+  [ -s "$name.pem" ] && [ -s "$name.key" ] && return
   key "$name.key"
   openssl req -new -key "$name.key" -out "$name.csr" -subj "/CN=$cn" 2>/dev/null
   printf '%b\n' "$extensions" >"$name.ext"

@@ -31,25 +31,9 @@ chmod 0700 "$dir"
 
 random() { head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40; }
 
-if [ ! -s "$dir/pki/ca.pem" ]; then
-    REPLICAS="${replicas[*]}" ETCD_MEMBERS="${members[*]}" "$here/../certs/make-dev-certs.sh" "$dir/pki" "${nodes[@]}" >/dev/null
-fi
-# Nodes named now that the CA exists: issued by the same CA (make-dev-certs.sh would make a
-# new one), so an added node joins the running cluster.
-for node in "${nodes[@]}"; do
-    [ -s "$dir/pki/$node.pem" ] && continue
-    key="$dir/pki/$node.key"
-    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$key" 2>/dev/null
-    openssl req -new -key "$key" -out "$dir/pki/$node.csr" -subj "/CN=$node" 2>/dev/null
-    printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1\n' \
-        "$node" >"$dir/pki/$node.ext"
-    openssl x509 -req -in "$dir/pki/$node.csr" -CA "$dir/pki/ca.pem" -CAkey "$dir/pki/ca.key" -CAcreateserial \
-        -out "$dir/pki/$node.pem" -days 365 -extfile "$dir/pki/$node.ext" 2>/dev/null
-    rm -f "$dir/pki/$node.csr" "$dir/pki/$node.ext" "$dir/pki/ca.srl"
-    credential_key=$(tr -d '[:space:]' <"$dir/pki/node-credential.key")
-    mac=$(printf '%s' "berth-node/v1/$node" | openssl dgst -sha256 -hmac "$credential_key" | awk '{print $NF}')
-    printf 'berth-node.%s.%s\n' "$node" "$mac" >"$dir/pki/$node.credential"
-done
+# Keeps the CA and what it issued; nodes named for the first time are issued by it, so an
+# added node joins the running cluster.
+REPLICAS="${replicas[*]}" ETCD_MEMBERS="${members[*]}" "$here/../certs/make-dev-certs.sh" "$dir/pki" "${nodes[@]}" >/dev/null
 for password in etcd-root etcd-berth; do
     [ -s "$dir/pki/$password.password" ] || random >"$dir/pki/$password.password"
 done
