@@ -267,3 +267,94 @@ async fn a_second_node_agent_cannot_take_over_a_live_node_id() {
     .await;
     assert!(moved, "the second process never registered after the first died:\n{}", second.log());
 }
+
+/// Secret-bearing fields never reach a log: with every process at `debug`, a workspace's
+/// spec env value and the caller's bearer token appear in no line of the replica's or the
+/// node agent's log, though the value did reach the workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_env_values_and_tokens_stay_out_of_debug_logs() {
+    use berth_proto::auth::{BearerInterceptor, Secret};
+    use berth_proto::v1;
+    use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+    let etcd = EtcdProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let (key, credentials) = node_credentials(dir.path(), &["node-logs"]);
+    let prefix = format!("/berth-logs-{:016x}", rand::random::<u64>());
+    let replica_args = [
+        "control-plane",
+        "--etcd",
+        &etcd.endpoint(),
+        "--key-prefix",
+        &prefix,
+        "--replica-id",
+        "replica-logs",
+        "--auth",
+        "token",
+        "--tokens-file",
+        &tokens.display().to_string(),
+        "--node-credential-key-file",
+        &key,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let replica = BerthProcess::start_with_log("replica-logs", replica_args, "debug").await.unwrap();
+    let data = dir.path().join("node").display().to_string();
+    let node_args = [
+        "node-agent",
+        "--control-plane",
+        &replica.endpoint,
+        "--data-dir",
+        &data,
+        "--node-id",
+        "node-logs",
+        "--allow-unsandboxed",
+        "--node-credential-file",
+        &credentials[0],
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let node = BerthProcess::start_with_log("node-logs", node_args, "debug").await.unwrap();
+
+    let token = "alice-token-0123456789";
+    let secret = format!("sk-logged-{:032x}", rand::random::<u128>());
+    let mut client =
+        WorkspaceServiceClient::with_interceptor(replica.channel(), BearerInterceptor::new(Some(&Secret::new(token))));
+    let spec =
+        v1::WorkspaceSpec { env: [("API_KEY".to_owned(), secret.clone())].into_iter().collect(), ..Default::default() };
+    let request = || v1::CreateSessionRequest {
+        user_id: "alice".into(),
+        agent_id: "logs".into(),
+        backend: "local".into(),
+        spec: Some(spec.clone()),
+        ..Default::default()
+    };
+    let workspace =
+        berth_testkit::eventually_ok("alice's session once the node registered", Duration::from_secs(30), || {
+            let (mut client, request) = (client.clone(), request());
+            async move { client.create_session(request).await.map(|session| session.into_inner().workspace_id) }
+        })
+        .await;
+    let ran = client
+        .exec(v1::ExecRequest {
+            workspace_id: workspace.clone(),
+            argv: vec!["sh".into(), "-c".into(), "printf %s \"$API_KEY\"".into()],
+            timeout_ms: 10_000,
+            ..Default::default()
+        })
+        .await
+        .expect("exec")
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), secret, "the value reached the workspace");
+    let got = client.get_workspace(v1::GetWorkspaceRequest { workspace_id: workspace.clone() }).await.expect("get");
+    assert!(format!("{:?}", got.into_inner()).contains(&secret), "the owner reads its own spec env");
+
+    for (name, log) in [("replica", replica.log()), ("node agent", node.log())] {
+        assert!(log.contains(&workspace), "the {name} logged nothing about the workspace at debug:\n{log}");
+        for line in log.lines() {
+            assert!(!line.contains(&secret), "the {name} logged a spec env value: {line}");
+            assert!(!line.contains(token), "the {name} logged a bearer token: {line}");
+        }
+    }
+}
