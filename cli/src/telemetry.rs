@@ -288,27 +288,30 @@ pub async fn serve_metrics(
     let router = router.with_state(handle);
     let scheme = match exposure {
         Exposure::Tls(config) => {
-            let listener = TlsListener::spawn(listener, config, shutdown.clone())?;
-            tokio::spawn(async move {
-                let served = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await;
-                if let Err(error) = served {
-                    tracing::warn!(%error, "metrics endpoint stopped");
-                }
-            });
+            spawn_serve(TlsListener::spawn(listener, config, shutdown.clone())?, router, shutdown);
             "https"
         }
         Exposure::Loopback | Exposure::Plaintext => {
-            tokio::spawn(async move {
-                let served = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await;
-                if let Err(error) = served {
-                    tracing::warn!(%error, "metrics endpoint stopped");
-                }
-            });
+            spawn_serve(listener, router, shutdown);
             "http"
         }
     };
     tracing::info!(%address, scheme, "metrics serving on /metrics");
     Ok(address)
+}
+
+/// Serves `router` on `listener` in a task until `shutdown`.
+fn spawn_serve<L>(listener: L, router: axum::Router, shutdown: CancellationToken)
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        let served = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await;
+        if let Err(error) = served {
+            tracing::warn!(%error, "metrics endpoint stopped");
+        }
+    });
 }
 
 #[cfg(test)]

@@ -26,8 +26,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use berth_proto::credentials::NodeCredentialKey;
+use berth_proto::tls::{ClientTls, TlsFiles};
 use berth_testkit::wait_until;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 /// Images the compose file runs (its defaults).
 pub const BERTH_IMAGE: &str = "berth/berth:dev";
@@ -307,14 +308,17 @@ impl ComposeCluster {
     /// TLS towards the cluster's listeners: trusting its CA, presenting `identity`'s
     /// certificate (`pki/<identity>.pem`) when given.
     pub fn client_tls(&self, identity: Option<&str>) -> anyhow::Result<ClientTlsConfig> {
-        let ca = std::fs::read(self.secret_path("pki/ca.pem"))?;
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost");
-        if let Some(name) = identity {
-            let cert = std::fs::read(self.secret_path(&format!("pki/{name}.pem")))?;
-            let key = std::fs::read(self.secret_path(&format!("pki/{name}.key")))?;
-            tls = tls.identity(Identity::from_pem(cert, key));
+        ClientTls {
+            ca: self.secret_path("pki/ca.pem"),
+            identity: identity.map(|name| TlsFiles {
+                cert: self.secret_path(&format!("pki/{name}.pem")),
+                key: self.secret_path(&format!("pki/{name}.key")),
+            }),
+            // The published ports are on 127.0.0.1; every certificate names localhost too.
+            domain: Some("localhost".into()),
         }
-        Ok(tls)
+        .config()
+        .map_err(anyhow::Error::msg)
     }
 
     /// The address of `service`'s container on the project network (reachable from the host).

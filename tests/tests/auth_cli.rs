@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use berth_testkit::wait_until;
-use berth_tests::berth::{BerthProcess, berth_binary};
+use berth_tests::berth::{BerthProcess, DEFAULT_LOG_FILTER, berth_binary};
 use berth_tests::etcd::EtcdProcess;
 use nix::sys::signal::Signal;
 
@@ -59,56 +59,70 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_plane_with_tokens_and_the_cli() {
+/// `berth control-plane --auth token` ([`TOKENS`]) on a fresh etcd and one node agent with
+/// its own credential, both logging at `log_filter`: `replica-<name>` and `node-<name>`.
+struct TokenCluster {
+    _etcd: EtcdProcess,
+    dir: tempfile::TempDir,
+    tokens: std::path::PathBuf,
+    /// The node credential key's path and the node's credential's path.
+    key: String,
+    credential: String,
+    replica: BerthProcess,
+    node: BerthProcess,
+}
+
+async fn token_cluster(name: &str, log_filter: &str) -> TokenCluster {
     let etcd = EtcdProcess::start();
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.toml");
     std::fs::write(&tokens, TOKENS).unwrap();
-    let (key, credentials) = node_credentials(dir.path(), &["node-auth"]);
-    let prefix = format!("/berth-auth-{:016x}", rand::random::<u64>());
-    let replica = BerthProcess::start(
-        "replica-auth",
-        [
-            "control-plane",
-            "--etcd",
-            &etcd.endpoint(),
-            "--key-prefix",
-            &prefix,
-            "--replica-id",
-            "replica-auth",
-            "--auth",
-            "token",
-            "--tokens-file",
-            &tokens.display().to_string(),
-            "--node-credential-key-file",
-            &key,
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-    )
-    .await
-    .unwrap();
-    let data = dir.path().join("node");
-    let _node = BerthProcess::start(
-        "node-auth",
-        [
-            "node-agent",
-            "--control-plane",
-            &replica.endpoint,
-            "--data-dir",
-            &data.display().to_string(),
-            "--node-id",
-            "node-auth",
-            "--allow-unsandboxed",
-            "--node-credential-file",
-            &credentials[0],
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-    )
-    .await
-    .unwrap();
+    let node_id = format!("node-{name}");
+    let (key, mut credentials) = node_credentials(dir.path(), &[node_id.as_str()]);
+    let prefix = format!("/berth-{name}-{:016x}", rand::random::<u64>());
+    let replica_id = format!("replica-{name}");
+    let replica_args = [
+        "control-plane",
+        "--etcd",
+        &etcd.endpoint(),
+        "--key-prefix",
+        &prefix,
+        "--replica-id",
+        &replica_id,
+        "--auth",
+        "token",
+        "--tokens-file",
+        &tokens.display().to_string(),
+        "--node-credential-key-file",
+        &key,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let replica = BerthProcess::start_with_log(&replica_id, replica_args, log_filter).await.unwrap();
+    let credential = credentials.remove(0);
+    let data = dir.path().join("node").display().to_string();
+    let node_args = [
+        "node-agent",
+        "--control-plane",
+        &replica.endpoint,
+        "--data-dir",
+        &data,
+        "--node-id",
+        &node_id,
+        "--allow-unsandboxed",
+        "--node-credential-file",
+        &credential,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let node = BerthProcess::start_with_log(&node_id, node_args, log_filter).await.unwrap();
+    TokenCluster { _etcd: etcd, dir, tokens, key, credential, replica, node }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_with_tokens_and_the_cli() {
+    let cluster = token_cluster("auth", DEFAULT_LOG_FILTER).await;
+    let TokenCluster { dir, tokens, key, credential, replica, node, .. } = &cluster;
     let endpoint = replica.endpoint.clone();
     let alice = Some("alice-token-0123456789");
 
@@ -160,7 +174,7 @@ async fn control_plane_with_tokens_and_the_cli() {
     assert!(text(&nodes.stderr).contains("permission denied"), "{}", text(&nodes.stderr));
 
     // SIGHUP re-reads the tokens file: a new token works without a restart.
-    std::fs::write(&tokens, format!("{TOKENS}\n[[token]]\nsecret = \"ops-token-0123456789\"\nadmin = true\n")).unwrap();
+    std::fs::write(tokens, format!("{TOKENS}\n[[token]]\nsecret = \"ops-token-0123456789\"\nadmin = true\n")).unwrap();
     replica.process.signal(Signal::SIGHUP);
     let reloaded = wait_until(Duration::from_secs(10), || {
         let ok = cli(&endpoint, Some("ops-token-0123456789"), &["nodes", "list"]).status.success();
@@ -185,9 +199,9 @@ async fn control_plane_with_tokens_and_the_cli() {
         text(&on_argv.stderr)
     );
     // What `ps` shows of the running servers holds no secret: every one came from a file.
-    let key_text = std::fs::read_to_string(&key).unwrap();
-    let credential_text = std::fs::read_to_string(&credentials[0]).unwrap();
-    for (name, pid) in [("replica", replica.pid()), ("node", _node.pid())] {
+    let key_text = std::fs::read_to_string(key).unwrap();
+    let credential_text = std::fs::read_to_string(credential).unwrap();
+    for (name, pid) in [("replica", replica.pid()), ("node", node.pid())] {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         for secret in [key_text.trim(), credential_text.trim(), "alice-token-0123456789", "ops-token-0123456789"] {
@@ -195,7 +209,7 @@ async fn control_plane_with_tokens_and_the_cli() {
         }
     }
     // Nor do their logs, although every one of those secrets crossed them.
-    for (name, log) in [("replica", replica.log()), ("node", _node.log())] {
+    for (name, log) in [("replica", replica.log()), ("node", node.log())] {
         for secret in [key_text.trim(), credential_text.trim(), "alice-token-0123456789", "ops-token-0123456789"] {
             assert!(!log.contains(secret), "{name}'s log shows a secret");
         }
@@ -276,47 +290,7 @@ async fn spec_env_values_and_tokens_stay_out_of_debug_logs() {
     use berth_proto::auth::{BearerInterceptor, Secret};
     use berth_proto::v1;
     use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
-    let etcd = EtcdProcess::start();
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(&tokens, TOKENS).unwrap();
-    let (key, credentials) = node_credentials(dir.path(), &["node-logs"]);
-    let prefix = format!("/berth-logs-{:016x}", rand::random::<u64>());
-    let replica_args = [
-        "control-plane",
-        "--etcd",
-        &etcd.endpoint(),
-        "--key-prefix",
-        &prefix,
-        "--replica-id",
-        "replica-logs",
-        "--auth",
-        "token",
-        "--tokens-file",
-        &tokens.display().to_string(),
-        "--node-credential-key-file",
-        &key,
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let replica = BerthProcess::start_with_log("replica-logs", replica_args, "debug").await.unwrap();
-    let data = dir.path().join("node").display().to_string();
-    let node_args = [
-        "node-agent",
-        "--control-plane",
-        &replica.endpoint,
-        "--data-dir",
-        &data,
-        "--node-id",
-        "node-logs",
-        "--allow-unsandboxed",
-        "--node-credential-file",
-        &credentials[0],
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let node = BerthProcess::start_with_log("node-logs", node_args, "debug").await.unwrap();
-
+    let TokenCluster { replica, node, .. } = &token_cluster("logs", "debug").await;
     let token = "alice-token-0123456789";
     let secret = format!("sk-logged-{:032x}", rand::random::<u128>());
     let mut client =

@@ -33,96 +33,63 @@ fn tls(certs: &Path, with_client_cert: bool) -> ClientTls {
     }
 }
 
-/// An etcd member serving clients over TLS only, requiring client certificates from
-/// `certs`'s CA, with its data in `data` (kept across restarts) on fixed ports.
-struct TlsEtcd {
-    certs: PathBuf,
-    data: PathBuf,
-    client_port: u16,
-    peer_port: u16,
-}
-
-impl TlsEtcd {
-    fn new(certs: &Path, data: &Path) -> Self {
-        Self {
-            certs: certs.into(),
-            data: data.into(),
-            client_port: free_port().unwrap(),
-            peer_port: free_port().unwrap(),
+/// Starts etcd serving clients over TLS only, requiring client certificates from `certs`'s
+/// CA, and turns on its user authentication (user root with [`ROOT_PASSWORD`]).
+async fn start_etcd(certs: &Path) -> (ManagedProcess, String) {
+    let client_port = free_port().unwrap();
+    let peer_port = free_port().unwrap();
+    let dir = tempfile::Builder::new().prefix("berth-etcd-tls-").tempdir().unwrap();
+    let data: PathBuf = dir.path().join("data");
+    let client = format!("https://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let path = |name: &str| certs.join(name).display().to_string();
+    let args = vec![
+        "--name".to_owned(),
+        "tls".into(),
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--listen-client-urls".into(),
+        client.clone(),
+        "--advertise-client-urls".into(),
+        client.clone(),
+        "--listen-peer-urls".into(),
+        peer.clone(),
+        "--initial-advertise-peer-urls".into(),
+        peer.clone(),
+        "--initial-cluster".into(),
+        format!("tls={peer}"),
+        "--cert-file".into(),
+        path("etcd.pem"),
+        "--key-file".into(),
+        path("etcd.key"),
+        "--trusted-ca-file".into(),
+        path("ca.pem"),
+        "--client-cert-auth".into(),
+        // Short-lived tokens: replicas must authenticate again when theirs expire.
+        format!("--auth-token-ttl={}", TOKEN_TTL.as_secs()),
+    ];
+    let spec = ProcessSpec {
+        env_remove_prefixes: vec!["ETCD_".into()],
+        ..ProcessSpec::new("etcd-tls", etcd_binary()).args(args)
+    };
+    let process = ManagedProcess::spawn_in(spec, dir).unwrap();
+    // Enable authentication with etcd's own API, over the same TLS.
+    let options = etcd_client::ConnectOptions::new()
+        .with_tls(tls(certs, true).config().unwrap())
+        .with_connect_timeout(Duration::from_secs(2));
+    let mut admin = berth_testkit::eventually_ok("etcd serving TLS", Duration::from_secs(30), || {
+        let (client, options) = (client.clone(), options.clone());
+        async move {
+            let mut admin = etcd_client::Client::connect([client], Some(options)).await?;
+            admin.status().await?;
+            Ok::<_, etcd_client::Error>(admin)
         }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("https://127.0.0.1:{}", self.client_port)
-    }
-
-    fn spawn(&self) -> ManagedProcess {
-        let client = self.endpoint();
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let path = |name: &str| self.certs.join(name).display().to_string();
-        let args = vec![
-            "--name".to_owned(),
-            "tls".into(),
-            "--data-dir".into(),
-            self.data.display().to_string(),
-            "--listen-client-urls".into(),
-            client.clone(),
-            "--advertise-client-urls".into(),
-            client,
-            "--listen-peer-urls".into(),
-            peer.clone(),
-            "--initial-advertise-peer-urls".into(),
-            peer.clone(),
-            "--initial-cluster".into(),
-            format!("tls={peer}"),
-            "--cert-file".into(),
-            path("etcd.pem"),
-            "--key-file".into(),
-            path("etcd.key"),
-            "--trusted-ca-file".into(),
-            path("ca.pem"),
-            "--client-cert-auth".into(),
-            // Short-lived tokens: replicas must authenticate again when theirs expire.
-            format!("--auth-token-ttl={}", TOKEN_TTL.as_secs()),
-        ];
-        let spec = ProcessSpec {
-            env_remove_prefixes: vec!["ETCD_".into()],
-            ..ProcessSpec::new("etcd-tls", etcd_binary()).args(args)
-        };
-        ManagedProcess::spawn(spec).unwrap()
-    }
-
-    /// A root client once the member serves (authenticated when `auth` is on).
-    async fn admin(&self, auth: bool) -> etcd_client::Client {
-        let mut options = etcd_client::ConnectOptions::new()
-            .with_tls(tls(&self.certs, true).config().unwrap())
-            .with_connect_timeout(Duration::from_secs(2));
-        if auth {
-            options = options.with_user("root", ROOT_PASSWORD);
-        }
-        let endpoint = self.endpoint();
-        berth_testkit::eventually_ok("etcd serving TLS", Duration::from_secs(30), || {
-            let (endpoint, options) = (endpoint.clone(), options.clone());
-            async move {
-                let mut admin = etcd_client::Client::connect([endpoint], Some(options)).await?;
-                admin.status().await?;
-                Ok::<_, etcd_client::Error>(admin)
-            }
-        })
-        .await
-    }
-}
-
-/// Starts etcd (see [`TlsEtcd`]) and turns on its user authentication (user root with
-/// [`ROOT_PASSWORD`]) with etcd's own API, over the same TLS.
-async fn start_etcd(certs: &Path, data: &Path) -> (ManagedProcess, TlsEtcd) {
-    let etcd = TlsEtcd::new(certs, data);
-    let process = etcd.spawn();
-    let mut admin = etcd.admin(false).await;
+    })
+    .await;
     admin.user_add("root", ROOT_PASSWORD, None).await.expect("user add");
     admin.user_grant_role("root", "root").await.expect("grant root");
     admin.auth_enable().await.expect("auth enable");
-    (process, etcd)
+    (process, client)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,8 +99,7 @@ async fn replicas_reach_etcd_over_tls_with_auth_and_fail_clearly_without() {
     make_certs(&certs);
     let other = dir.path().join("other");
     make_certs(&other);
-    let (etcd, member) = start_etcd(&certs, &dir.path().join("data")).await;
-    let endpoint = member.endpoint();
+    let (etcd, endpoint) = start_etcd(&certs).await;
     let root = Some(("root".to_owned(), Secret::new(ROOT_PASSWORD)));
     let config = |tls: Option<ClientTls>, user: Option<(String, Secret)>| EtcdConfig {
         tls,
@@ -218,15 +184,16 @@ async fn a_replica_authenticates_again_when_its_etcd_token_expires() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("pki");
     make_certs(&certs);
-    let (_etcd, member) = start_etcd(&certs, &dir.path().join("data")).await;
+    let (_etcd, endpoint) = start_etcd(&certs).await;
     let config = EtcdConfig {
         tls: Some(tls(&certs, true)),
         user: Some(("root".to_owned(), Secret::new(ROOT_PASSWORD))),
-        ..EtcdConfig::new([member.endpoint()])
+        ..EtcdConfig::new([endpoint])
     };
     let registry = EtcdRegistry::connect(config).await.expect("connect");
     registry.put("/berth-tls-test/before", bytes::Bytes::from_static(b"1")).await.expect("put");
-    // Idle for longer than the token's TTL: that is the case under test, not a wait for it.
+    // Idle for longer than the token's TTL: that is the case under test, not a wait for it
+    // (no condition can be polled: etcd extends a token's TTL each time it is used).
     tokio::time::sleep(Duration::from_secs(3) + TOKEN_TTL).await;
     let read = registry.get("/berth-tls-test/before").await.expect("a read after the token expired");
     assert_eq!(read.expect("present").value.as_ref(), b"1");
