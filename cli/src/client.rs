@@ -93,6 +93,11 @@ impl Connection {
             .max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
+    /// The gRPC health service (open: no credentials are sent).
+    pub fn health(&self) -> tonic_health::pb::health_client::HealthClient<Channel> {
+        tonic_health::pb::health_client::HealthClient::new(self.channel.clone())
+    }
+
     pub fn admin(&self) -> AdminClient {
         AdminServiceClient::with_interceptor(self.channel.clone(), self.credentials.clone())
             .max_decoding_message_size(MAX_RESPONSE_BYTES)

@@ -54,6 +54,8 @@ pub enum Command {
     Nodes(commands::nodes::NodesCommand),
     /// One screen for an operator: replicas, nodes, workspaces by state, registry health.
     Status,
+    /// Whether an endpoint's gRPC health service serves (exit 0) — a probe for TLS listeners.
+    Health(commands::health::HealthArgs),
     /// Run control plane, node agent and an embedded registry in one process.
     Up(commands::server::UpArgs),
     /// Run one control-plane replica.
@@ -116,6 +118,7 @@ async fn dispatch(cli: Cli, io: &mut Io<'_>) -> anyhow::Result<i32> {
         Command::Skills(command) => commands::skills::run(command, &global, io).await,
         Command::Nodes(command) => commands::nodes::run(command, &global, io).await,
         Command::Status => commands::status::run(&global, io).await,
+        Command::Health(args) => commands::health::run(args, &global, io).await,
         Command::Up(args) => commands::server::up(args).await,
         Command::ControlPlane(args) => commands::server::control_plane(args).await,
         Command::NodeAgent(args) => commands::server::node_agent(args).await,

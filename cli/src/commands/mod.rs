@@ -4,6 +4,7 @@
 pub mod archive;
 pub mod exec;
 pub mod fs;
+pub mod health;
 pub mod mcp;
 pub mod nodes;
 pub mod server;
