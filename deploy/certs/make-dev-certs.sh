@@ -22,6 +22,10 @@
 # Usage: [REPLICAS="replica1 replica2"] [ETCD_MEMBERS="etcd1 etcd2"] \
 #          deploy/certs/make-dev-certs.sh OUT_DIR [NODE_ID...]
 #        (default node id: node)
+#   REPLICA_SANS, NODE_SANS, ETCD_SANS   more subjectAltName entries for the certificates of
+#        that kind issued by this run, comma-separated, `{name}` standing for the replica,
+#        node or member (e.g. REPLICA_SANS='DNS:{name}.replica.berth.svc,DNS:berth'): the
+#        names a Kubernetes Service or a load balancer gives them
 #
 #   berth control-plane --tls-cert OUT/replica.pem --tls-key OUT/replica.key \
 #       --node-credential-key-file OUT/node-credential.key --node-ca-cert OUT/ca.pem \
@@ -67,14 +71,19 @@ issue() {
   rm -f "$name.csr" "$name.ext"
 }
 
+# sans NAME EXTRA: the subjectAltName value for NAME, with EXTRA's {name} replaced by it.
+sans() {
+  local name=$1 extra=${2:-}
+  printf 'DNS:%s,DNS:localhost,IP:127.0.0.1%s' "$name" "${extra:+,${extra//\{name\}/$name}}"
+}
 for replica in "${replicas[@]}"; do
-  issue "$replica" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:$replica,DNS:localhost,IP:127.0.0.1"
+  issue "$replica" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=$(sans "$replica" "${REPLICA_SANS:-}")"
 done
 for node in "${nodes[@]}"; do
-  issue "$node" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:$node,DNS:localhost,IP:127.0.0.1"
+  issue "$node" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=$(sans "$node" "${NODE_SANS:-}")"
 done
 for member in "${members[@]}"; do
-  issue "$member" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:$member,DNS:localhost,IP:127.0.0.1"
+  issue "$member" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=$(sans "$member" "${ETCD_SANS:-}")"
 done
 if [ ${#members[@]} -gt 0 ]; then
   issue etcd-root "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth" root

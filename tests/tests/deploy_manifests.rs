@@ -1,20 +1,29 @@
 //! The deployment files under `deploy/` are checked without a cluster:
 //!
+//! - `deploy/kubernetes/make-secrets.sh` runs (openssl) for two nodes, and its
+//!   `secrets.yaml` and `nodes.yaml` are checked together with the static manifests;
 //! - every Kubernetes manifest document parses into its typed `k8s-openapi` structure, and
 //!   a field the type does not know fails (the typed value is serialized back and every
 //!   field of the document must survive the round trip: k8s-openapi itself ignores unknown
 //!   fields, so a typo like `readinesProbe` would otherwise pass silently);
 //! - the documents agree with each other: Service selectors select a workload's pods and
 //!   their target ports exist, probes name container ports, volume mounts name volumes,
-//!   Secrets / ServiceAccounts / Roles referred to exist, `$(VAR)` references are defined;
+//!   Secrets / ServiceAccounts / Roles referred to exist and hold the keys mounted from them
+//!   (a StatefulSet's `subPathExpr: $(POD_NAME)…` for every pod it runs), `$(VAR)`
+//!   references are defined;
+//! - the Kubernetes deployment runs TLS everywhere: every Berth and etcd URL is https, no
+//!   insecure switch is set, each certificate names the host its clients dial, each node agent
+//!   mounts only its own Secret;
 //! - every `BERTH_*` variable in the manifests and the compose file is one the `berth` CLI
 //!   reads. (The example `--config` files under `deploy/` are loaded with the CLI's own
 //!   loader by `cli/tests/config_file.rs`.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodTemplateSpec, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -39,6 +48,7 @@ struct Manifests {
     deployments: Vec<Deployment>,
     stateful_sets: Vec<StatefulSet>,
     daemon_sets: Vec<DaemonSet>,
+    jobs: Vec<Job>,
     disruption_budgets: Vec<PodDisruptionBudget>,
 }
 
@@ -99,6 +109,7 @@ fn parse_into(manifests: &mut Manifests, file: &str, text: &str) -> Result<usize
             ("apps/v1", "Deployment") => manifests.deployments.push(typed(&origin, &value)?),
             ("apps/v1", "StatefulSet") => manifests.stateful_sets.push(typed(&origin, &value)?),
             ("apps/v1", "DaemonSet") => manifests.daemon_sets.push(typed(&origin, &value)?),
+            ("batch/v1", "Job") => manifests.jobs.push(typed(&origin, &value)?),
             ("policy/v1", "PodDisruptionBudget") => manifests.disruption_budgets.push(typed(&origin, &value)?),
             _ => return Err(format!("{origin}: a kind this test does not know; add it here")),
         }
@@ -107,7 +118,36 @@ fn parse_into(manifests: &mut Manifests, file: &str, text: &str) -> Result<usize
     Ok(count)
 }
 
-fn load_manifests() -> Manifests {
+/// The Kubernetes nodes [`load_manifests`] renders node agents for: one plain name and one
+/// with dots (a Service name cannot hold them).
+const NODES: [&str; 2] = ["worker-1", "ip-10-0-0-7.ec2.internal"];
+
+/// What `deploy/kubernetes/make-secrets.sh` wrote for [`NODES`] (a temporary folder).
+struct Generated {
+    dir: tempfile::TempDir,
+}
+
+impl Generated {
+    fn make() -> Self {
+        let dir = tempfile::Builder::new().prefix("berth-k8s-secrets-").tempdir().expect("tempdir");
+        let script = repo_root().join("deploy/kubernetes/make-secrets.sh");
+        let output = std::process::Command::new("bash")
+            .arg(&script)
+            .arg(dir.path().join("out"))
+            .args(NODES)
+            .output()
+            .expect("run make-secrets.sh");
+        assert!(output.status.success(), "make-secrets.sh: {}", String::from_utf8_lossy(&output.stderr));
+        Generated { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join("out").join(name)
+    }
+}
+
+/// The static manifests of `deploy/kubernetes` and what make-secrets.sh generated.
+fn load_manifests() -> (Manifests, Generated) {
     let dir = repo_root().join("deploy/kubernetes");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("deploy/kubernetes")
@@ -116,6 +156,9 @@ fn load_manifests() -> Manifests {
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no manifests in {}", dir.display());
+    let generated = Generated::make();
+    files.push(generated.path("secrets.yaml"));
+    files.push(generated.path("nodes.yaml"));
     let mut manifests = Manifests::default();
     for path in files {
         let name = path.file_name().expect("name").to_string_lossy().into_owned();
@@ -123,12 +166,15 @@ fn load_manifests() -> Manifests {
         let count = parse_into(&mut manifests, &name, &text).unwrap_or_else(|error| panic!("{error}"));
         assert!(count > 0, "{name} holds no document");
     }
-    manifests
+    (manifests, generated)
 }
 
 /// A workload's name, pod template and its labels, and the volume claim templates.
 struct Workload<'a> {
     name: String,
+    /// The names its pods have where they are fixed (a StatefulSet's `<name>-<ordinal>`),
+    /// for expanding `$(POD_NAME)` in `subPathExpr`.
+    pod_names: Vec<String>,
     template: &'a PodTemplateSpec,
     selector: BTreeMap<String, String>,
     claims: Vec<String>,
@@ -141,6 +187,7 @@ impl Manifests {
             let spec = &deployment.spec;
             all.push(Workload {
                 name: format!("Deployment/{}", deployment.metadata.name.clone().unwrap_or_default()),
+                pod_names: Vec::new(),
                 template: &spec.template,
                 selector: spec.selector.match_labels.clone().unwrap_or_default(),
                 claims: Vec::new(),
@@ -148,8 +195,10 @@ impl Manifests {
         }
         for set in &self.stateful_sets {
             let spec = &set.spec;
+            let set_name = set.metadata.name.clone().unwrap_or_default();
             all.push(Workload {
-                name: format!("StatefulSet/{}", set.metadata.name.clone().unwrap_or_default()),
+                name: format!("StatefulSet/{set_name}"),
+                pod_names: (0..spec.replicas.unwrap_or(1)).map(|ordinal| format!("{set_name}-{ordinal}")).collect(),
                 template: &spec.template,
                 selector: spec.selector.match_labels.clone().unwrap_or_default(),
                 claims: spec
@@ -164,8 +213,20 @@ impl Manifests {
             let spec = &set.spec;
             all.push(Workload {
                 name: format!("DaemonSet/{}", set.metadata.name.clone().unwrap_or_default()),
+                pod_names: Vec::new(),
                 template: &spec.template,
                 selector: spec.selector.match_labels.clone().unwrap_or_default(),
+                claims: Vec::new(),
+            });
+        }
+        for job in &self.jobs {
+            let spec = job.spec.as_ref().expect("job spec");
+            all.push(Workload {
+                name: format!("Job/{}", job.metadata.name.clone().unwrap_or_default()),
+                pod_names: Vec::new(),
+                template: &spec.template,
+                // A Job's pods carry the labels of its template; there is no selector to write.
+                selector: pod_labels(&spec.template),
                 claims: Vec::new(),
             });
         }
@@ -185,6 +246,23 @@ fn containers(template: &PodTemplateSpec) -> &[Container] {
     template.spec.as_ref().map(|spec| spec.containers.as_slice()).unwrap_or_default()
 }
 
+/// Containers and init containers.
+fn all_containers(template: &PodTemplateSpec) -> Vec<&Container> {
+    let spec = template.spec.as_ref();
+    spec.map(|spec| spec.containers.iter().chain(spec.init_containers.iter().flatten()).collect()).unwrap_or_default()
+}
+
+/// Whether a probe runs `berth … health` (the TLS health check) in the container.
+fn probes_berth_health(probe: &k8s_openapi::api::core::v1::Probe) -> bool {
+    let command = probe.exec.as_ref().and_then(|exec| exec.command.clone()).unwrap_or_default();
+    command.first().map(String::as_str) == Some("berth") && command.iter().any(|word| word == "health")
+}
+
+/// The value of env variable `name` of `container`, as written.
+fn env_value<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
+    container.env.iter().flatten().find(|variable| variable.name == name).and_then(|variable| variable.value.as_deref())
+}
+
 /// Whether `port` (a number or a name) is a port of `container`.
 fn has_port(container: &Container, port: &IntOrString) -> bool {
     container.ports.iter().flatten().any(|declared| match port {
@@ -195,10 +273,12 @@ fn has_port(container: &Container, port: &IntOrString) -> bool {
 
 #[test]
 fn every_manifest_parses_into_typed_kubernetes_objects() {
-    let manifests = load_manifests();
-    assert_eq!(manifests.deployments.len(), 1, "replicas run as one Deployment");
-    assert_eq!(manifests.daemon_sets.len(), 1, "node agents run as one DaemonSet");
-    assert_eq!(manifests.stateful_sets.len(), 1, "etcd runs as one StatefulSet");
+    let (manifests, _generated) = load_manifests();
+    assert_eq!(manifests.deployments.len(), NODES.len(), "one node agent Deployment per node");
+    assert!(manifests.daemon_sets.is_empty(), "a DaemonSet's pods would share one Secret");
+    let sets: BTreeSet<String> = manifests.stateful_sets.iter().filter_map(|set| set.metadata.name.clone()).collect();
+    assert_eq!(sets, ["etcd".to_owned(), "replica".to_owned()].into(), "etcd and the replicas are StatefulSets");
+    assert_eq!(manifests.jobs.len(), 1, "etcd-init");
     assert!(
         !manifests.roles.is_empty() && !manifests.role_bindings.is_empty() && !manifests.service_accounts.is_empty()
     );
@@ -222,7 +302,7 @@ fn a_misspelled_field_fails_the_parse() {
 
 #[test]
 fn manifests_refer_only_to_what_exists() {
-    let manifests = load_manifests();
+    let (manifests, _generated) = load_manifests();
     let workloads = manifests.workloads();
     let mut problems = Vec::new();
 
@@ -238,6 +318,7 @@ fn manifests_refer_only_to_what_exists() {
     namespaced.extend(manifests.deployments.iter().map(|item| ("Deployment", &item.metadata)));
     namespaced.extend(manifests.stateful_sets.iter().map(|item| ("StatefulSet", &item.metadata)));
     namespaced.extend(manifests.daemon_sets.iter().map(|item| ("DaemonSet", &item.metadata)));
+    namespaced.extend(manifests.jobs.iter().map(|item| ("Job", &item.metadata)));
     namespaced.extend(manifests.disruption_budgets.iter().map(|item| ("PodDisruptionBudget", &item.metadata)));
     for (kind, metadata) in &namespaced {
         if !metadata.namespace.as_ref().is_some_and(|namespace| namespaces.contains(namespace)) {
@@ -270,8 +351,15 @@ fn manifests_refer_only_to_what_exists() {
             problems.push(format!("{name}: service account {account} does not exist"));
         }
         let mut volumes: BTreeSet<String> = workload.claims.iter().cloned().collect();
+        // Volume name -> the keys of the Secret it shows.
+        let mut secret_volumes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for volume in spec.volumes.iter().flatten() {
             volumes.insert(volume.name.clone());
+            if let Some(secret) = &volume.secret
+                && let Some(keys) = secrets.get(secret.secret_name.as_deref().unwrap_or_default())
+            {
+                secret_volumes.insert(volume.name.clone(), keys.clone());
+            }
             if let Some(secret) = &volume.secret {
                 let secret_name = secret.secret_name.clone().unwrap_or_default();
                 match secrets.get(&secret_name) {
@@ -286,19 +374,52 @@ fn manifests_refer_only_to_what_exists() {
                 }
             }
         }
-        for container in containers(workload.template) {
+        for container in all_containers(workload.template) {
             let where_ = format!("{name} container {}", container.name);
             for mount in container.volume_mounts.iter().flatten() {
                 if !volumes.contains(&mount.name) {
                     problems.push(format!("{where_}: mounts unknown volume {}", mount.name));
                 }
+                // A key mounted from a Secret exists in it, for every pod of a StatefulSet.
+                let Some(keys) = secret_volumes.get(&mount.name) else { continue };
+                let mut wanted = Vec::new();
+                if let Some(path) = &mount.sub_path {
+                    wanted.push(path.clone());
+                }
+                if let Some(expression) = &mount.sub_path_expr {
+                    if workload.pod_names.is_empty() {
+                        problems.push(format!("{where_}: subPathExpr {expression} outside a StatefulSet"));
+                    }
+                    for pod in &workload.pod_names {
+                        wanted.push(expression.replace("$(POD_NAME)", pod));
+                    }
+                    for reference in references(expression) {
+                        if !container.env.iter().flatten().any(|variable| variable.name == reference) {
+                            problems.push(format!("{where_}: subPathExpr uses undefined $({reference})"));
+                        }
+                    }
+                }
+                for key in wanted {
+                    if !keys.contains(&key) {
+                        problems.push(format!("{where_}: mounts key {key} that its Secret does not hold"));
+                    }
+                }
+            }
+            if spec.init_containers.iter().flatten().any(|init| init.name == container.name) {
+                continue;
             }
             let probes = [("readiness", &container.readiness_probe), ("liveness", &container.liveness_probe)];
             for (which, probe) in probes {
+                if name.starts_with("Job/") {
+                    break;
+                }
                 let Some(probe) = probe else {
                     problems.push(format!("{where_}: no {which} probe"));
                     continue;
                 };
+                if probe.exec.is_some() {
+                    continue;
+                }
                 let port = if let Some(grpc) = &probe.grpc {
                     IntOrString::Int(grpc.port)
                 } else if let Some(http) = &probe.http_get {
@@ -317,10 +438,17 @@ fn manifests_refer_only_to_what_exists() {
             if image.starts_with("berth/") && container.image_pull_policy.as_deref() != Some("IfNotPresent") {
                 problems.push(format!("{where_}: locally built image {image} needs imagePullPolicy IfNotPresent"));
             }
+            // Replicas answer `berth health` over TLS; node agents accept only replicas' client
+            // certificates, so their probes see the port accept.
             if image.starts_with("berth/berth") {
-                let probes_grpc = container.readiness_probe.as_ref().is_some_and(|probe| probe.grpc.is_some());
-                if !probes_grpc {
-                    problems.push(format!("{where_}: a berth process is probed through its gRPC health service"));
+                let node_agent = container.command.iter().flatten().any(|word| word == "node-agent");
+                let probed = |probe: &Option<k8s_openapi::api::core::v1::Probe>| {
+                    probe.as_ref().is_some_and(|probe| {
+                        if node_agent { probe.tcp_socket.is_some() } else { probes_berth_health(probe) }
+                    })
+                };
+                if !probed(&container.readiness_probe) || !probed(&container.liveness_probe) {
+                    problems.push(format!("{where_}: probed neither by `berth health` nor (node agents) TCP"));
                 }
             }
             // $(VAR) in env values, command and args must name an env var defined earlier.
@@ -407,12 +535,21 @@ fn manifests_refer_only_to_what_exists() {
     assert!(problems.is_empty(), "deploy/kubernetes has broken references:\n{}", problems.join("\n"));
 }
 
-/// The names inside `$(…)` in `text`.
+/// The names inside `$(…)` in `text` (Kubernetes' own expansion; `$$` is its escape for a
+/// literal `$`, which shell scripts in `command:` use for `$$(…)`).
 fn references(text: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut rest = text;
-    while let Some(start) = rest.find("$(") {
-        let after = &rest[start + 2..];
+    while let Some(start) = rest.find('$') {
+        let after = &rest[start + 1..];
+        if let Some(escaped) = after.strip_prefix('$') {
+            rest = escaped;
+            continue;
+        }
+        let Some(after) = after.strip_prefix('(') else {
+            rest = after;
+            continue;
+        };
         let Some(end) = after.find(')') else { break };
         found.push(after[..end].to_owned());
         rest = &after[end + 1..];
@@ -480,7 +617,7 @@ fn every_berth_variable_in_deploy_is_one_the_cli_reads() {
     .into();
     let files = [
         "deploy/kubernetes/40-control-plane.yaml",
-        "deploy/kubernetes/50-node-agent.yaml",
+        "deploy/kubernetes/node-agent.yaml.tmpl",
         "deploy/compose/docker-compose.yml",
     ];
     let mut unknown = Vec::new();
@@ -564,4 +701,382 @@ fn the_compose_file_runs_tls_everywhere_and_each_node_mounts_only_its_own_creden
     for name in ["node4", "node5"] {
         assert_eq!(services[name]["profiles"], serde_json::json!(["scale"]), "{name}");
     }
+}
+
+/// The subjectAltName entries of a PEM certificate (`DNS:name`, `IP Address:1.2.3.4`), read
+/// by openssl.
+fn subject_alt_names(pem: &[u8]) -> BTreeSet<String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    child.stdin.take().expect("stdin").write_all(pem).expect("write pem");
+    let output = child.wait_with_output().expect("openssl output");
+    assert!(output.status.success(), "openssl x509 failed");
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines().skip(1).flat_map(|line| line.split(',')).map(|entry| entry.trim().to_owned()).collect()
+}
+
+/// The host of `https://host:port`.
+fn https_host(url: &str) -> &str {
+    let rest = url.strip_prefix("https://").unwrap_or_else(|| panic!("{url} is not https"));
+    rest.split([':', '/']).next().expect("host")
+}
+
+#[test]
+fn the_kubernetes_deployment_runs_tls_everywhere_and_each_node_mounts_only_its_own_secret() {
+    let (manifests, generated) = load_manifests();
+    let secret = |name: &str| -> BTreeMap<String, Vec<u8>> {
+        let found = manifests.secrets.iter().find(|secret| secret.metadata.name.as_deref() == Some(name));
+        let found = found.unwrap_or_else(|| panic!("make-secrets.sh made no Secret {name}"));
+        found.data.iter().flatten().map(|(key, value)| (key.clone(), value.0.clone())).collect()
+    };
+
+    // Nothing plaintext or shared, in what ships and in what make-secrets.sh renders.
+    let mut texts = Vec::new();
+    for entry in std::fs::read_dir(repo_root().join("deploy/kubernetes")).expect("deploy/kubernetes") {
+        let path = entry.expect("entry").path();
+        if path.is_file() && path.extension().is_none_or(|ext| ext != "sh") {
+            texts.push((path.display().to_string(), std::fs::read_to_string(&path).expect("read")));
+        }
+    }
+    texts.push(("nodes.yaml".into(), std::fs::read_to_string(generated.path("nodes.yaml")).expect("nodes.yaml")));
+    for (file, text) in &texts {
+        for banned in ["http://", "INSECURE", "insecure-", "SHARED_NODE_SECRET", "shared-node-secret", "node.secret"] {
+            assert!(!text.contains(banned), "{file} holds {banned:?}");
+        }
+    }
+
+    let workloads = manifests.workloads();
+    let secrets_of = |workload: &Workload| -> BTreeSet<String> {
+        let spec = workload.template.spec.as_ref().expect("pod spec");
+        spec.volumes
+            .iter()
+            .flatten()
+            .filter_map(|volume| volume.secret.as_ref().and_then(|secret| secret.secret_name.clone()))
+            .collect()
+    };
+    let container_of = |workload: &Workload| containers(workload.template)[0].clone();
+
+    // Node agents: one per node, each mounting only its own Secret, which holds exactly its
+    // credential, its certificate and the CA; the certificate names the host replicas dial.
+    let mut control_plane_hosts = BTreeSet::new();
+    let node_workloads: Vec<&Workload> =
+        workloads.iter().filter(|workload| pod_labels(workload.template).contains_key("berth.node")).collect();
+    assert_eq!(node_workloads.len(), NODES.len());
+    for (workload, node) in node_workloads.iter().zip(NODES) {
+        let container = container_of(workload);
+        assert_eq!(env_value(&container, "BERTH_NODE_ID"), Some(node), "{}", workload.name);
+        let own = format!("berth-node-{}", node.replace('.', "-"));
+        assert_eq!(secrets_of(workload), [own.clone()].into(), "{} mounts only its own Secret", workload.name);
+        let files = secret(&own);
+        let keys: BTreeSet<&str> = files.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["ca.pem", "node.credential", "tls.key", "tls.pem"].into(), "{own}");
+        let credential = String::from_utf8_lossy(&files["node.credential"]).into_owned();
+        assert!(credential.starts_with(&format!("berth-node.{node}.")), "{own} holds another node's credential");
+        let advertise = env_value(&container, "BERTH_NODE_ADVERTISE").expect("advertise");
+        let names = subject_alt_names(&files["tls.pem"]);
+        for host in [https_host(advertise), node] {
+            assert!(names.contains(&format!("DNS:{host}")), "{own}'s certificate lacks {host}: {names:?}");
+        }
+        let control_plane = env_value(&container, "BERTH_CONTROL_PLANE").expect("control plane");
+        control_plane_hosts.extend(control_plane.split(',').map(|url| https_host(url).to_owned()));
+        for variable in ["BERTH_NODE_TLS_CERT", "BERTH_NODE_CLIENT_CA_CERT", "BERTH_CONTROL_PLANE_CA_CERT"] {
+            assert!(env_value(&container, variable).is_some(), "{} lacks {variable}", workload.name);
+        }
+    }
+
+    // Replicas: each pod's certificate names its advertised host, the Service nodes dial and
+    // the loopback address its probe dials; they reach etcd over TLS as user berth.
+    let replica = workloads.iter().find(|workload| workload.name == "StatefulSet/replica").expect("replicas");
+    assert_eq!(secrets_of(replica), ["berth-replicas".to_owned()].into());
+    let replica_files = secret("berth-replicas");
+    let container = container_of(replica);
+    let advertise = env_value(&container, "BERTH_ADVERTISE").expect("advertise");
+    for variable in ["BERTH_TLS_CERT", "BERTH_NODE_CREDENTIAL_KEY_FILE", "BERTH_NODE_CLIENT_CERT", "BERTH_ETCD_CERT"] {
+        assert!(env_value(&container, variable).is_some(), "replicas lack {variable}");
+    }
+    assert_eq!(env_value(&container, "BERTH_ETCD_USER"), Some("berth"));
+    assert_eq!(replica.pod_names.len(), 3);
+    for pod in &replica.pod_names {
+        let pem = replica_files.get(&format!("{pod}.pem")).unwrap_or_else(|| panic!("no certificate for {pod}"));
+        let names = subject_alt_names(pem);
+        let own_host = https_host(advertise).replace("$(POD_NAME)", pod);
+        for host in control_plane_hosts.iter().chain([&own_host]) {
+            assert!(names.contains(&format!("DNS:{host}")), "{pod}'s certificate lacks {host}: {names:?}");
+        }
+        assert!(names.contains("IP Address:127.0.0.1"), "{pod}: the probe dials 127.0.0.1");
+    }
+
+    // etcd: each member's certificate names the host replicas dial for it.
+    let etcd_files = secret("berth-etcd");
+    let endpoints = env_value(&container, "BERTH_ETCD").expect("BERTH_ETCD");
+    for url in endpoints.split(',') {
+        let host = https_host(url);
+        let member = host.split('.').next().expect("member");
+        let pem = etcd_files.get(&format!("{member}.pem")).unwrap_or_else(|| panic!("no certificate for {member}"));
+        assert!(subject_alt_names(pem).contains(&format!("DNS:{host}")), "{member}'s certificate lacks {host}");
+    }
+
+    // Who holds what: the replicas' Secret (node credential key, tokens) and etcd's root
+    // certificate reach nobody else.
+    for workload in &workloads {
+        let mounted = secrets_of(workload);
+        let allowed: &[&str] = match workload.name.as_str() {
+            "StatefulSet/replica" => &["berth-replicas"],
+            "StatefulSet/etcd" => &["berth-etcd"],
+            "Job/etcd-init" => &["berth-etcd-init"],
+            _ => &[],
+        };
+        for name in mounted {
+            assert!(
+                allowed.contains(&name.as_str()) || name.starts_with("berth-node-"),
+                "{} mounts Secret {name}",
+                workload.name
+            );
+        }
+    }
+    assert!(!secret("berth-etcd").keys().any(|key| key.starts_with("root")), "etcd members hold etcd's root");
+}
+
+/// etcdctl: `$BERTH_ETCDCTL_BIN`, else `/usr/bin/etcdctl` (Debian's etcd-client), else `PATH`.
+fn etcdctl_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BERTH_ETCDCTL_BIN") {
+        return PathBuf::from(path);
+    }
+    let packaged = Path::new("/usr/bin/etcdctl");
+    if packaged.exists() { packaged.to_path_buf() } else { PathBuf::from("etcdctl") }
+}
+
+/// One pod of a workload as a process on this machine sees it: the files its Secret mounts
+/// hold, under `root` at their mount paths, and its command words rewritten to match.
+struct PodView<'a> {
+    root: PathBuf,
+    pod: &'a str,
+    /// `(from, to)` replacements applied after the pod-path rebasing (endpoints, ports).
+    replace: Vec<(String, String)>,
+}
+
+impl<'a> PodView<'a> {
+    /// Writes every Secret key `container` of `workload` mounts, for pod `pod`, under `root`.
+    fn lay_out(manifests: &Manifests, workload: &Workload, container: &str, pod: &'a str, root: &Path) -> Self {
+        let spec = workload.template.spec.as_ref().expect("pod spec");
+        let container = all_containers(workload.template)
+            .into_iter()
+            .find(|candidate| candidate.name == container)
+            .unwrap_or_else(|| panic!("{} has no container {container}", workload.name));
+        for mount in container.volume_mounts.iter().flatten() {
+            let Some(secret) = spec
+                .volumes
+                .iter()
+                .flatten()
+                .find(|volume| volume.name == mount.name)
+                .and_then(|volume| volume.secret.as_ref())
+            else {
+                continue;
+            };
+            let name = secret.secret_name.as_deref().unwrap_or_default();
+            let data = manifests
+                .secrets
+                .iter()
+                .find(|secret| secret.metadata.name.as_deref() == Some(name))
+                .and_then(|secret| secret.data.clone())
+                .unwrap_or_else(|| panic!("no Secret {name}"));
+            let target = root.join(mount.mount_path.trim_start_matches('/'));
+            let key = mount.sub_path.clone().or(mount.sub_path_expr.as_ref().map(|e| e.replace("$(POD_NAME)", pod)));
+            let files: Vec<(PathBuf, &[u8])> = match &key {
+                Some(key) => vec![(target, &data[key].0[..])],
+                None => data.iter().map(|(key, value)| (target.join(key), &value.0[..])).collect(),
+            };
+            for (path, bytes) in files {
+                std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+                std::fs::write(&path, bytes).expect("write mounted file");
+            }
+        }
+        PodView { root: root.to_path_buf(), pod, replace: Vec::new() }
+    }
+
+    /// A word of the pod's command as it runs here: Kubernetes' `$$` escape undone, its
+    /// `$(POD_NAME)` expanded, the container's paths under [`PodView::root`], etcdctl found.
+    fn word(&self, word: &str) -> String {
+        let root = self.root.display().to_string();
+        let mut word = word
+            .replace("$$", "$")
+            .replace("$(POD_NAME)", self.pod)
+            .replace("/usr/local/bin/etcdctl", &etcdctl_binary().display().to_string())
+            .replace("/etc/", &format!("{root}/etc/"));
+        for (from, to) in &self.replace {
+            word = word.replace(from, to);
+        }
+        word
+    }
+
+    fn command(&self, words: &[String]) -> std::process::Command {
+        let mut words = words.iter().map(|word| self.word(word));
+        let program = words.next().expect("program");
+        let program = if program == "etcdctl" { etcdctl_binary().display().to_string() } else { program };
+        let program =
+            if program == "berth" { berth_tests::berth::berth_binary().display().to_string() } else { program };
+        let mut command = std::process::Command::new(program);
+        command.args(words);
+        command
+    }
+}
+
+fn exec_probe(container: &Container) -> Vec<String> {
+    let probe = container.readiness_probe.as_ref().expect("readiness probe");
+    probe.exec.as_ref().and_then(|exec| exec.command.clone()).expect("an exec probe")
+}
+
+/// Runs `command` to its end within `seconds` (coreutils `timeout`; 124 when it ran out).
+fn run_for(mut command: std::process::Command, seconds: u32) -> std::process::Output {
+    let program = command.get_program().to_owned();
+    let args: Vec<_> = command.get_args().map(ToOwned::to_owned).collect();
+    command = std::process::Command::new("timeout");
+    command.arg(seconds.to_string()).arg(program).args(args);
+    command.output().expect("run")
+}
+
+/// The Kubernetes etcd, its etcd-init Job, the replicas' wait for it, their environment and
+/// both exec probes, run as processes against a real etcd: the member serves TLS with the
+/// certificate make-secrets.sh issued for etcd-0, as the StatefulSet mounts it; etcd-init turns
+/// authentication on (twice: a rerun of the Job changes nothing); the member's readiness probe
+/// passes before and after; `wait-for-etcd` waits until user berth can log in; a replica
+/// started from the StatefulSet's own `env:` (paths and addresses mapped to this machine)
+/// serves, and its `berth health` probe passes over TLS — and fails without the CA, over
+/// plaintext, and once the replica is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_etcd_init_job_replica_environment_and_probes_work_against_a_real_etcd() {
+    use berth_tests::process::{ManagedProcess, ProcessSpec, free_port};
+
+    let (manifests, _generated) = load_manifests();
+    let workloads = manifests.workloads();
+    let workload = |name: &str| workloads.iter().find(|workload| workload.name == name).expect(name);
+    let (etcd_set, replica_set, init_job) =
+        (workload("StatefulSet/etcd"), workload("StatefulSet/replica"), workload("Job/etcd-init"));
+    let scratch = tempfile::Builder::new().prefix("berth-k8s-pods-").tempdir().expect("tempdir");
+
+    // etcd-0 with the manifest's TLS flags and files, on this machine's ports.
+    let (client_port, peer_port) = (free_port().unwrap(), free_port().unwrap());
+    let endpoint = format!("https://127.0.0.1:{client_port}");
+    let peer = format!("https://127.0.0.1:{peer_port}");
+    let mut member = PodView::lay_out(&manifests, etcd_set, "etcd", "etcd-0", &scratch.path().join("etcd-0"));
+    member.replace.push(("https://127.0.0.1:2379".into(), endpoint.clone()));
+    let etcd_container = &containers(etcd_set.template)[0];
+    let tls_flags: Vec<String> = etcd_container
+        .command
+        .iter()
+        .flatten()
+        .filter(|word| ["cert", "key-file", "trusted-ca"].iter().any(|part| word.contains(part)))
+        .map(|word| member.word(word))
+        .collect();
+    assert!(tls_flags.len() >= 8, "the etcd flags hold TLS for clients and peers: {tls_flags:?}");
+    let data = scratch.path().join("etcd-0/data");
+    let mut args = vec![
+        "--name=etcd-0".to_owned(),
+        format!("--data-dir={}", data.display()),
+        format!("--listen-client-urls={endpoint}"),
+        format!("--advertise-client-urls={endpoint}"),
+        format!("--listen-peer-urls={peer}"),
+        format!("--initial-advertise-peer-urls={peer}"),
+        format!("--initial-cluster=etcd-0={peer}"),
+    ];
+    args.extend(tls_flags);
+    let spec = ProcessSpec {
+        env_remove_prefixes: vec!["ETCD_".into()],
+        ..ProcessSpec::new("k8s-etcd-0", berth_tests::etcd::etcd_binary()).args(args)
+    };
+    let etcd = ManagedProcess::spawn(spec).expect("etcd");
+
+    // Its readiness probe passes once it serves (auth still off).
+    let etcd_probe = exec_probe(etcd_container);
+    let ready = berth_testkit::wait_until(Duration::from_secs(30), || {
+        let output = run_for(member.command(&etcd_probe), 10);
+        async move { output.status.success() }
+    })
+    .await;
+    assert!(ready, "etcd readiness probe never passed: {}", etcd.log_tail(20));
+
+    // The replicas' wait: still waiting while user berth cannot log in.
+    let replica_container = &containers(replica_set.template)[0];
+    let wait_container = all_containers(replica_set.template)
+        .into_iter()
+        .find(|container| container.name == "wait-for-etcd")
+        .expect("wait-for-etcd")
+        .clone();
+    let mut replica_pod =
+        PodView::lay_out(&manifests, replica_set, "wait-for-etcd", "replica-0", &scratch.path().join("replica-0"));
+    PodView::lay_out(&manifests, replica_set, "control-plane", "replica-0", &scratch.path().join("replica-0"));
+    let endpoints_of = |text: &str| -> String {
+        let start = text.find("--endpoints=").expect("--endpoints") + "--endpoints=".len();
+        text[start..].split_whitespace().next().expect("endpoints").to_owned()
+    };
+    let wait_script = wait_container.command.clone().expect("command");
+    replica_pod.replace.push((endpoints_of(&wait_script.join(" ")), endpoint.clone()));
+    let waiting = run_for(replica_pod.command(&wait_script), 4);
+    assert_eq!(waiting.status.code(), Some(124), "wait-for-etcd went on before etcd-init ran: {waiting:?}");
+
+    // etcd-init, twice.
+    let init_container = &containers(init_job.template)[0];
+    let init_script = init_container.command.clone().expect("command");
+    let mut init_pod = PodView::lay_out(&manifests, init_job, "etcd-init", "etcd-init", &scratch.path().join("init"));
+    init_pod.replace.push((endpoints_of(&init_script.join(" ")), endpoint.clone()));
+    for run in ["first", "second"] {
+        let output = run_for(init_pod.command(&init_script), 60);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("authentication are on"),
+            "etcd-init, {run} run: {output:?}"
+        );
+    }
+
+    // Authentication is on: the member's probe still passes, and the wait ends.
+    let probe = run_for(member.command(&etcd_probe), 10);
+    assert!(probe.status.success(), "etcd readiness probe with authentication on: {probe:?}");
+    let waited = run_for(replica_pod.command(&wait_script), 30);
+    assert!(waited.status.success(), "wait-for-etcd after etcd-init: {waited:?}");
+
+    // A replica from the StatefulSet's own env: serves, as etcd user berth.
+    let (grpc_port, metrics_port) = (free_port().unwrap(), free_port().unwrap());
+    let mut replica_view = PodView { root: scratch.path().join("replica-0"), pod: "replica-0", replace: Vec::new() };
+    replica_view.replace.push(("$(POD_IP):9100".into(), format!("127.0.0.1:{metrics_port}")));
+    replica_view.replace.push(("0.0.0.0:7070".into(), format!("127.0.0.1:{grpc_port}")));
+    replica_view.replace.push(("https://127.0.0.1:7070".into(), format!("https://127.0.0.1:{grpc_port}")));
+    let mut spec = ProcessSpec::new("k8s-replica-0", berth_tests::berth::berth_binary())
+        .args(replica_container.command.iter().flatten().skip(1).cloned())
+        .args(replica_container.args.iter().flatten().cloned());
+    for variable in replica_container.env.iter().flatten() {
+        let Some(value) = &variable.value else { continue };
+        let value = if variable.name == "BERTH_ETCD" { endpoint.clone() } else { replica_view.word(value) };
+        spec = spec.env(variable.name.clone(), value);
+    }
+    spec.env_remove_prefixes = vec!["BERTH_".into()];
+    let replica = ManagedProcess::spawn(spec).expect("replica");
+    let replica_probe = exec_probe(replica_container);
+    assert!(probes_berth_health(replica_container.readiness_probe.as_ref().unwrap()));
+    let serving = berth_testkit::wait_until(Duration::from_secs(30), || {
+        let output = run_for(replica_view.command(&replica_probe), 10);
+        async move { output.status.success() && String::from_utf8_lossy(&output.stdout).contains("SERVING") }
+    })
+    .await;
+    assert!(serving, "the replica's probe never passed: {}", replica.log_tail(30));
+
+    // The probe proves TLS: without the CA, or over plaintext, it fails.
+    let without_ca: Vec<String> = replica_probe.iter().filter(|word| !word.starts_with("--ca-cert")).cloned().collect();
+    let refused = run_for(replica_view.command(&without_ca), 10);
+    assert!(!refused.status.success(), "probe without the CA passed: {refused:?}");
+    let plaintext: Vec<String> = replica_probe.iter().map(|word| word.replace("https://", "http://")).collect();
+    let refused = run_for(replica_view.command(&plaintext), 10);
+    assert!(!refused.status.success(), "plaintext probe passed: {refused:?}");
+
+    // Gone: the probe fails and says it could not connect.
+    replica.kill();
+    assert!(replica.wait_exit(Duration::from_secs(10)));
+    let gone = run_for(replica_view.command(&replica_probe), 10);
+    assert_eq!(gone.status.code(), Some(1), "{gone:?}");
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("connect"), "{gone:?}");
+    drop(etcd);
 }
