@@ -202,14 +202,30 @@ impl Binder {
         // stalled): winning the lock afterwards is a take-over.
         let mut holder_vanished = false;
         loop {
-            let current = match self.observe(workspace_id, request.replace_generation).await? {
-                Observed::Ready(record) => return Ok(record),
-                Observed::NotReady(current) => current,
+            // An id this replica has never seen, to be created: the lock and the read in one
+            // round trip (what the lock's create revision saw needs no second look). An id
+            // the view knows is read first: a READY record needs no lock.
+            let (lock, checked) = if request.create.is_some() && self.store.cached(workspace_id).is_none() {
+                let (lock, record) = self.store.acquire_lock_and_load(workspace_id).await?;
+                match (lock, self.classify(record, request.replace_generation)) {
+                    (Lock::Ours(fence), Observed::Ready(record)) => {
+                        self.store.release_lock(workspace_id, fence).await;
+                        return Ok(record);
+                    }
+                    (Lock::Held(_), Observed::Ready(record)) => return Ok(record),
+                    (lock, Observed::NotReady(current)) => (lock, Some(current)),
+                }
+            } else {
+                let current = match self.observe(workspace_id, request.replace_generation).await? {
+                    Observed::Ready(record) => return Ok(record),
+                    Observed::NotReady(current) => current,
+                };
+                if current.is_none() && request.create.is_none() {
+                    return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
+                }
+                (self.store.acquire_lock(workspace_id).await?, None)
             };
-            if current.is_none() && request.create.is_none() {
-                return Err(ControlPlaneError::WorkspaceNotFound(workspace_id.to_string()));
-            }
-            match self.store.acquire_lock(workspace_id).await? {
+            match lock {
                 Lock::Ours(fence) => {
                     self.stats.won.fetch_add(1, Relaxed);
                     metrics::bind_won();
@@ -218,7 +234,8 @@ impl Binder {
                     }
                     // Provision under the lock, then free it whatever happened (the record
                     // write already deletes it on success).
-                    let outcome = tokio::time::timeout_at(deadline, self.bind_under_lock(request, fence)).await;
+                    let outcome =
+                        tokio::time::timeout_at(deadline, self.bind_under_lock(request, fence, checked)).await;
                     let outcome = match outcome {
                         Ok(outcome) => outcome,
                         Err(_) => Err(ControlPlaneError::BindTimeout {
@@ -268,31 +285,43 @@ impl Binder {
 
     /// A linearizable read of the record, folded into the view.
     async fn observe(&self, workspace_id: &WorkspaceId, replace_generation: Option<u64>) -> Result<Observed> {
-        match self.store.load(workspace_id).await? {
+        Ok(self.classify(self.store.load(workspace_id).await?, replace_generation))
+    }
+
+    /// Whether a record just read is usable: READY, not the generation to replace, on a
+    /// node that holds workspaces.
+    fn classify(&self, record: Option<WorkspaceRecord>, replace_generation: Option<u64>) -> Observed {
+        match record {
             Some(record) => {
                 let usable = record.state == StoredState::Ready
                     && Some(record.generation) != replace_generation
                     && record.node_id.as_deref().is_some_and(|node| self.store.node_holds_workspaces(node));
-                if usable {
-                    Ok(Observed::Ready(Arc::new(record)))
-                } else {
-                    Ok(Observed::NotReady(Some(Box::new(record))))
-                }
+                if usable { Observed::Ready(Arc::new(record)) } else { Observed::NotReady(Some(Box::new(record))) }
             }
-            None => Ok(Observed::NotReady(None)),
+            None => Observed::NotReady(None),
         }
     }
 
-    async fn bind_under_lock(&self, request: &BindRequest, fence: LockFence) -> Result<Arc<WorkspaceRecord>> {
+    /// `checked`: the record as read in the transaction that took the lock (not READY), or
+    /// `None` when the lock was taken on its own.
+    async fn bind_under_lock(
+        &self,
+        request: &BindRequest,
+        fence: LockFence,
+        checked: Option<Option<Box<WorkspaceRecord>>>,
+    ) -> Result<Arc<WorkspaceRecord>> {
         use std::sync::atomic::Ordering::Relaxed;
         let workspace_id = &request.workspace_id;
         // Double-check: another replica may have finished between our read and our lock.
-        let current = match self.observe(workspace_id, request.replace_generation).await? {
-            Observed::Ready(record) => {
-                self.store.release_lock(workspace_id, fence).await;
-                return Ok(record);
-            }
-            Observed::NotReady(current) => current,
+        let current = match checked {
+            Some(current) => current,
+            None => match self.observe(workspace_id, request.replace_generation).await? {
+                Observed::Ready(record) => {
+                    self.store.release_lock(workspace_id, fence).await;
+                    return Ok(record);
+                }
+                Observed::NotReady(current) => current,
+            },
         };
         let now = now_ms();
         let mut record = match (current, &request.create) {

@@ -364,33 +364,125 @@ impl WorkspaceStore {
         // Tracked before the create is sent, so the janitor never takes a lock of a bind
         // that is still deciding for one of its own.
         self.track_own_lock(&holder, None);
-        let outcome = match self
-            .registry
-            .create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id())
-            .await
-        {
-            Ok(Ok(create_revision)) => Ok(Lock::Ours(LockFence(create_revision))),
-            Ok(Err(lock)) => Ok(held(lock)),
-            Err(error) if error.is_retryable() => match self.registry.get(&lock_key).await {
-                Ok(Some(lock)) if lock.value == holder.as_bytes() => Ok(Lock::Ours(LockFence(lock.create_revision))),
-                Ok(Some(lock)) => Ok(held(lock)),
-                Ok(None) => Err(error.into()),
-                // Still unknown whether the create landed: if it did, the lock is ours and
-                // nobody else will ever delete it.
-                Err(read_error) => {
-                    keep_releasing(Arc::clone(&self.registry), lock_key, OwnLock::Value(Bytes::from(holder.clone())));
-                    Err(read_error.into())
-                }
-            },
-            Err(error) => Err(error.into()),
-        };
-        match &outcome {
-            Ok(Lock::Ours(fence)) => self.track_own_lock(&holder, Some(fence.0)),
+        let outcome =
+            match self.registry.create_if_absent(&lock_key, Bytes::from(holder.clone()), self.lease.id()).await {
+                Ok(Ok(create_revision)) => Ok(Lock::Ours(LockFence(create_revision))),
+                Ok(Err(lock)) => Ok(held(lock)),
+                Err(error) => self.settle_ambiguous_create(&lock_key, &holder, error).await,
+            };
+        self.track_outcome(&holder, &outcome);
+        outcome
+    }
+
+    /// After a failed create of `lock_key` with value `holder`: a retryable failure may
+    /// have landed, so one read tells whether the lock is ours.
+    async fn settle_ambiguous_create(
+        &self,
+        lock_key: &str,
+        holder: &str,
+        error: registry::RegistryError,
+    ) -> Result<Lock> {
+        if !error.is_retryable() {
+            return Err(error.into());
+        }
+        match self.registry.get(lock_key).await {
+            Ok(Some(lock)) if lock.value == holder.as_bytes() => Ok(Lock::Ours(LockFence(lock.create_revision))),
+            Ok(Some(lock)) => Ok(Lock::Held(HeldLock { mod_revision: lock.mod_revision })),
+            Ok(None) => Err(error.into()),
+            // Still unknown whether the create landed: if it did, the lock is ours and
+            // nobody else will ever delete it.
+            Err(read_error) => {
+                keep_releasing(
+                    Arc::clone(&self.registry),
+                    lock_key.to_owned(),
+                    OwnLock::Value(Bytes::from(holder.to_owned())),
+                );
+                Err(read_error.into())
+            }
+        }
+    }
+
+    fn track_outcome(&self, holder: &str, outcome: &Result<Lock>) {
+        match outcome {
+            Ok(Lock::Ours(fence)) => self.track_own_lock(holder, Some(fence.0)),
             // Not ours, or unknown: if the create landed after all, the lock is an orphan
             // the janitor deletes (finding 5 of issue 13).
-            _ => self.forget_own_lock(&holder),
+            _ => self.forget_own_lock(holder),
         }
-        outcome
+    }
+
+    /// [`Self::acquire_lock`] and [`Self::load`] in one round trip: the lock is created on
+    /// this replica's lease if absent, and the record is read in the same transaction, so
+    /// it is what the lock's create revision saw (a bind that finished before it is
+    /// visible; one that finishes after it needs this lock). The read is folded into the
+    /// view. After an ambiguous failure it falls back to the two calls.
+    pub async fn acquire_lock_and_load(&self, workspace_id: &WorkspaceId) -> Result<(Lock, Option<WorkspaceRecord>)> {
+        let lock_key = self.keys.lock(workspace_id);
+        let key = self.keys.workspace(workspace_id);
+        let holder = format!("{}/{:016x}", self.replica_id, rand::random::<u64>());
+        self.track_own_lock(&holder, None);
+        let txn = Txn::new()
+            .when([Compare::absent(&lock_key)])
+            .and_then([
+                TxnOp::put_with_lease(&lock_key, Bytes::from(holder.clone()), self.lease.id()),
+                TxnOp::get(&key),
+            ])
+            .or_else([TxnOp::get(&lock_key), TxnOp::get(&key)]);
+        let response = match self.registry.txn(txn).await {
+            Ok(response) => response,
+            // Whether the lock is ours is settled as for acquire_lock; the record is then
+            // read on its own.
+            Err(error) => {
+                let outcome = self.settle_ambiguous_create(&lock_key, &holder, error).await;
+                self.track_outcome(&holder, &outcome);
+                let lock = outcome?;
+                let record = self.load(workspace_id).await;
+                return self.release_on_error(workspace_id, lock, record).await;
+            }
+        };
+        let get = |index: usize| match response.responses.get(index) {
+            Some(TxnOpResponse::Get(value)) => value.clone(),
+            _ => None,
+        };
+        let record = match get(1) {
+            Some(kv) => {
+                self.view.workspaces.apply_put(&kv);
+                records::decode::<WorkspaceRecord>(&key, &kv.value).map(Some).map_err(ControlPlaneError::from)
+            }
+            None => {
+                self.view.workspaces.apply_delete(&key, response.revision);
+                Ok(None)
+            }
+        };
+        let lock = match (response.succeeded, get(0)) {
+            (true, _) => Ok(Lock::Ours(LockFence(response.revision))),
+            (false, Some(lock)) => Ok(Lock::Held(HeldLock { mod_revision: lock.mod_revision })),
+            // Deleted between the compare and the get of the same txn cannot happen; treat it
+            // as a lost race and let the caller retry.
+            (false, None) => {
+                Err(registry::RegistryError::Unavailable(format!("{lock_key} vanished during create")).into())
+            }
+        };
+        self.track_outcome(&holder, &lock);
+        self.release_on_error(workspace_id, lock?, record).await
+    }
+
+    /// `(lock, record)`, or the record's error with the lock released if it is ours (the
+    /// caller never sees a lock it would have to free).
+    async fn release_on_error(
+        &self,
+        workspace_id: &WorkspaceId,
+        lock: Lock,
+        record: Result<Option<WorkspaceRecord>>,
+    ) -> Result<(Lock, Option<WorkspaceRecord>)> {
+        match (record, lock) {
+            (Ok(record), lock) => Ok((lock, record)),
+            (Err(error), Lock::Ours(fence)) => {
+                self.release_lock(workspace_id, fence).await;
+                Err(error)
+            }
+            (Err(error), Lock::Held(_)) => Err(error),
+        }
     }
 
     fn track_own_lock(&self, holder: &str, create_revision: Option<i64>) {

@@ -1,8 +1,9 @@
 //! In-replica single-flight: N concurrent first requests for one workspace share one bind
-//! task and one provision, and all get the same answer — or the same error.
+//! task and one provision, and all get the same answer — or the same error. A first bind
+//! costs two registry round trips.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use berth_control_plane::binding::{BindRequest, Binder, NewWorkspace};
@@ -10,6 +11,7 @@ use berth_control_plane::keys::Keys;
 use berth_control_plane::lease::ReplicaLease;
 use berth_control_plane::node_client::NodeClients;
 use berth_control_plane::registry::embedded::EmbeddedRegistry;
+use berth_control_plane::registry::{KeyValue, LeaseId, RangeResponse, Registry, Txn, TxnResponse, WatchStream};
 use berth_control_plane::store::WorkspaceStore;
 use berth_control_plane::view::ReplicaView;
 use berth_control_plane::{ControlPlaneConfig, IsolationPolicy, RegistryRef};
@@ -22,6 +24,9 @@ use tokio_util::sync::CancellationToken;
 /// served on a loopback port.
 struct Harness {
     binder: Arc<Binder>,
+    /// The registry as the binder's store sees it.
+    store_registry: Arc<Counting>,
+    store: Arc<WorkspaceStore>,
     node: v1::node_agent_service_client::NodeAgentServiceClient<tonic::transport::Channel>,
     _data: tempfile::TempDir,
     cancel: CancellationToken,
@@ -60,8 +65,16 @@ async fn harness(provision_delay: Duration) -> Harness {
     .unwrap();
     let mut binder_config = ControlPlaneConfig::new("replica-binder");
     binder_config.bind_timeout = Duration::from_secs(20);
-    let store = Arc::new(WorkspaceStore::new(registry, keys, Arc::clone(&view), lease, "replica-binder"));
-    let binder = Arc::new(Binder::new(store, Arc::clone(&view), Arc::new(NodeClients::insecure()), binder_config));
+    let store_registry = Arc::new(Counting { inner: registry, round_trips: AtomicU64::new(0) });
+    let store = Arc::new(WorkspaceStore::new(
+        Arc::clone(&store_registry) as RegistryRef,
+        keys,
+        Arc::clone(&view),
+        lease,
+        "replica-binder",
+    ));
+    let binder =
+        Arc::new(Binder::new(Arc::clone(&store), Arc::clone(&view), Arc::new(NodeClients::insecure()), binder_config));
     berth_testkit::assert_eventually("the node to register", Duration::from_secs(20), || {
         let registered = !view.live_nodes().is_empty();
         async move { registered }
@@ -80,7 +93,67 @@ async fn harness(provision_delay: Duration) -> Harness {
         }
     })
     .await;
-    Harness { binder, node, _data: data, cancel }
+    Harness { binder, store_registry, store, node, _data: data, cancel }
+}
+
+/// A registry that counts the calls that reach the store (each a round trip to etcd).
+struct Counting {
+    inner: RegistryRef,
+    round_trips: AtomicU64,
+}
+
+impl Counting {
+    fn count(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+}
+
+#[async_trait::async_trait]
+impl Registry for Counting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    async fn get(&self, key: &str) -> berth_control_plane::registry::Result<Option<KeyValue>> {
+        self.count();
+        self.inner.get(key).await
+    }
+    async fn range_page(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> berth_control_plane::registry::Result<RangeResponse> {
+        self.count();
+        self.inner.range_page(prefix, after, limit).await
+    }
+    async fn txn(&self, txn: Txn) -> berth_control_plane::registry::Result<TxnResponse> {
+        self.count();
+        self.inner.txn(txn).await
+    }
+    async fn grant_lease(&self, ttl: Duration) -> berth_control_plane::registry::Result<LeaseId> {
+        self.count();
+        self.inner.grant_lease(ttl).await
+    }
+    async fn keep_alive(&self, lease: LeaseId) -> berth_control_plane::registry::Result<Duration> {
+        self.count();
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke_lease(&self, lease: LeaseId) -> berth_control_plane::registry::Result<()> {
+        self.count();
+        self.inner.revoke_lease(lease).await
+    }
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        start_revision: i64,
+    ) -> berth_control_plane::registry::Result<WatchStream> {
+        self.count();
+        self.inner.watch_prefix(prefix, start_revision).await
+    }
 }
 
 fn request(workspace: &WorkspaceId, backend: &str) -> BindRequest {
@@ -147,5 +220,30 @@ async fn concurrent_first_requests_share_one_error() {
     assert!(messages.iter().all(|message| message == &messages[0]), "{messages:?}");
     assert!(messages[0].contains("ws-single-flight-error"), "{}", messages[0]);
     assert_eq!(harness.binder.stats().started.load(Ordering::Relaxed), 1, "one bind task for 50 callers");
+    harness.cancel.cancel();
+}
+
+/// The lock is taken and the record read in one transaction, and the READY record written
+/// (deleting the lock) in one more: a first bind is two round trips (it was four: a read,
+/// the lock, the double-check read, the write). A bind of a READY workspace in the view
+/// costs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_bind_costs_two_registry_round_trips() {
+    let harness = harness(Duration::ZERO).await;
+    let workspace = WorkspaceId::new("ws-round-trips").unwrap();
+    let before = harness.store_registry.round_trips();
+    let record = harness.binder.ensure_ready(request(&workspace, "")).await.expect("bind");
+    assert!(record.generation > 0);
+    assert_eq!(harness.store_registry.round_trips() - before, 2, "round trips of a first bind");
+    // Known and READY in the view once its watch delivered the write.
+    berth_testkit::assert_eventually("the view to hold the record", Duration::from_secs(10), || {
+        let known = harness.store.cached_ready(&workspace).is_some();
+        async move { known }
+    })
+    .await;
+    let before = harness.store_registry.round_trips();
+    let again = harness.binder.ensure_ready(request(&workspace, "")).await.expect("bind again");
+    assert_eq!(again.generation, record.generation);
+    assert_eq!(harness.store_registry.round_trips(), before, "a READY workspace in the view costs none");
     harness.cancel.cancel();
 }
