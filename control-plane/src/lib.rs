@@ -25,6 +25,7 @@ pub mod router;
 pub mod sandbox_janitor;
 pub mod server;
 pub mod service;
+pub mod session_commit;
 pub mod snapshots;
 pub mod store;
 pub mod sweeper;

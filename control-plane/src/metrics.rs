@@ -33,6 +33,7 @@ pub const SANDBOXES_REMOVED: &str = "berth_control_plane_janitor_sandboxes_remov
 pub const SNAPSHOTS_REFUSED: &str = "berth_control_plane_snapshots_refused_total";
 pub const RESTORES: &str = "berth_control_plane_restores_total";
 pub const SNAPSHOT_GC_BLOBS: &str = "berth_control_plane_snapshot_gc_blobs_removed_total";
+pub const SESSION_BATCH_SIZE: &str = "berth_control_plane_session_batch_size";
 
 /// Registers help texts (once per process; harmless without a recorder).
 pub fn describe() {
@@ -61,6 +62,11 @@ pub fn describe() {
     describe_counter!(RESTORES, "re-placements with snapshot candidates, by outcome (restored, fell_back, failed)");
     describe_counter!(SNAPSHOT_GC_BLOBS, "orphaned snapshot blobs the elected sweeper removed");
     describe_counter!(ETCD_CALL_ERRORS, "etcd calls that failed after retries, by operation and error kind");
+    describe_histogram!(
+        SESSION_BATCH_SIZE,
+        Unit::Count,
+        "session creates committed together in one etcd transaction (group commit)"
+    );
 }
 
 pub(crate) fn snapshot_refused() {
@@ -71,6 +77,9 @@ pub(crate) fn restore_done(outcome: &'static str) {
 }
 pub(crate) fn snapshot_gc(blobs: u64) {
     counter!(SNAPSHOT_GC_BLOBS).increment(blobs);
+}
+pub(crate) fn session_batch(size: usize) {
+    histogram!(SESSION_BATCH_SIZE).record(size as f64);
 }
 pub(crate) fn bind_started() {
     counter!(BINDS_STARTED).increment(1);

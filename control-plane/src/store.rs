@@ -24,7 +24,8 @@ use crate::lease::ReplicaLease;
 use crate::records::{
     self, NodeRecord, SessionRecord, SnapshotPointer, StoredState, TombstoneRecord, WorkspaceRecord, WorkspaceUse,
 };
-use crate::registry::{self, Compare, CompareOp, CompareTarget, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
+use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
+use crate::session_commit::SessionCommitter;
 use crate::view::{EffectiveState, ReplicaView};
 
 pub type WorkspaceStoreRef = Arc<WorkspaceStore>;
@@ -89,6 +90,9 @@ pub struct WorkspaceStore {
     /// (`<replica_id>/<nonce>`) → its create revision once the create landed. A lock of
     /// ours that is not here is an orphan, for the lock janitor.
     own_locks: std::sync::Mutex<HashMap<String, Option<i64>>>,
+    /// The group committer of session creates, started on first use (on the runtime of
+    /// the first caller).
+    sessions: std::sync::OnceLock<SessionCommitter>,
 }
 
 impl WorkspaceStore {
@@ -99,7 +103,15 @@ impl WorkspaceStore {
         lease: Arc<ReplicaLease>,
         replica_id: impl Into<String>,
     ) -> Self {
-        Self { registry, keys, view, lease, replica_id: replica_id.into(), own_locks: Default::default() }
+        Self {
+            registry,
+            keys,
+            view,
+            lease,
+            replica_id: replica_id.into(),
+            own_locks: Default::default(),
+            sessions: Default::default(),
+        }
     }
 
     /// The replica this store writes for (`changed_by` of records, lock and leader values).
@@ -583,27 +595,14 @@ impl WorkspaceStore {
     /// the same transaction: a record read from the view may have been deleted by another
     /// replica meanwhile, and a session must never be handed out for a workspace that is
     /// gone); otherwise says which of the two stood in the way.
+    ///
+    /// Creates that arrive together are committed together (`session_commit.rs`): one
+    /// transaction for many, each caller answered once its own record is durable.
     pub async fn create_session(&self, session: &SessionRecord) -> Result<SessionCreated> {
-        let key = self.keys.session(&session.session_id);
-        let workspace_key = self.keys.workspace(&session.workspace_id);
-        let workspace_exists =
-            Compare { key: workspace_key.clone(), op: CompareOp::NotEqual, target: CompareTarget::CreateRevision(0) };
-        let response = self
-            .registry
-            .txn(
-                Txn::new()
-                    .when([Compare::absent(&key), workspace_exists])
-                    .and_then([TxnOp::put(&key, records::encode(session))])
-                    .or_else([TxnOp::get(&key)]),
-            )
-            .await?;
-        if response.succeeded {
-            return Ok(SessionCreated::Created);
-        }
-        match response.first_get() {
-            Some(existing) => Ok(SessionCreated::Exists(records::decode(&key, &existing.value)?)),
-            None => Ok(SessionCreated::WorkspaceGone),
-        }
+        let committer = self.sessions.get_or_init(|| SessionCommitter::start(Arc::clone(&self.registry)));
+        committer
+            .create(self.keys.session(&session.session_id), self.keys.workspace(&session.workspace_id), session.clone())
+            .await
     }
 
     pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>> {

@@ -1,6 +1,7 @@
 //! In-replica single-flight: N concurrent first requests for one workspace share one bind
 //! task and one provision, and all get the same answer — or the same error. A first bind
-//! costs two registry round trips.
+//! costs two registry round trips, and session creates that arrive together are committed
+//! together.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,9 +11,10 @@ use berth_control_plane::binding::{BindRequest, Binder, NewWorkspace};
 use berth_control_plane::keys::Keys;
 use berth_control_plane::lease::ReplicaLease;
 use berth_control_plane::node_client::NodeClients;
+use berth_control_plane::records::{RECORD_VERSION, SessionRecord};
 use berth_control_plane::registry::embedded::EmbeddedRegistry;
 use berth_control_plane::registry::{KeyValue, LeaseId, RangeResponse, Registry, Txn, TxnResponse, WatchStream};
-use berth_control_plane::store::WorkspaceStore;
+use berth_control_plane::store::{SessionCreated, WorkspaceStore};
 use berth_control_plane::view::ReplicaView;
 use berth_control_plane::{ControlPlaneConfig, IsolationPolicy, RegistryRef};
 use berth_proto::v1;
@@ -35,6 +37,11 @@ struct Harness {
 /// `provision_delay` holds every provision on the node, so all concurrent callers arrive
 /// while the first bind is still in flight.
 async fn harness(provision_delay: Duration) -> Harness {
+    harness_with(provision_delay, Duration::ZERO).await
+}
+
+/// [`harness`] whose store waits `round_trip` on each registry call (an etcd's round trip).
+async fn harness_with(provision_delay: Duration, round_trip: Duration) -> Harness {
     let registry: RegistryRef = EmbeddedRegistry::new();
     let cancel = CancellationToken::new();
     let config = ControlPlaneConfig::new("replica-test");
@@ -65,7 +72,7 @@ async fn harness(provision_delay: Duration) -> Harness {
     .unwrap();
     let mut binder_config = ControlPlaneConfig::new("replica-binder");
     binder_config.bind_timeout = Duration::from_secs(20);
-    let store_registry = Arc::new(Counting { inner: registry, round_trips: AtomicU64::new(0) });
+    let store_registry = Arc::new(Counting { inner: registry, round_trips: AtomicU64::new(0), delay: round_trip });
     let store = Arc::new(WorkspaceStore::new(
         Arc::clone(&store_registry) as RegistryRef,
         keys,
@@ -100,6 +107,8 @@ async fn harness(provision_delay: Duration) -> Harness {
 struct Counting {
     inner: RegistryRef,
     round_trips: AtomicU64,
+    /// Added to every transaction.
+    delay: Duration,
 }
 
 impl Counting {
@@ -132,6 +141,7 @@ impl Registry for Counting {
     }
     async fn txn(&self, txn: Txn) -> berth_control_plane::registry::Result<TxnResponse> {
         self.count();
+        tokio::time::sleep(self.delay).await;
         self.inner.txn(txn).await
     }
     async fn grant_lease(&self, ttl: Duration) -> berth_control_plane::registry::Result<LeaseId> {
@@ -245,5 +255,76 @@ async fn a_first_bind_costs_two_registry_round_trips() {
     let again = harness.binder.ensure_ready(request(&workspace, "")).await.expect("bind again");
     assert_eq!(again.generation, record.generation);
     assert_eq!(harness.store_registry.round_trips(), before, "a READY workspace in the view costs none");
+    harness.cancel.cancel();
+}
+
+fn session(id: &str, workspace: &WorkspaceId) -> SessionRecord {
+    SessionRecord {
+        version: RECORD_VERSION,
+        session_id: id.into(),
+        user: "alice".into(),
+        agent: "coder".into(),
+        workspace_id: workspace.clone(),
+        created_at_ms: 0,
+    }
+}
+
+/// 500 first sessions of one workspace at once, on a registry with a 5 ms round trip: each
+/// caller is answered Created once its record is there, and together they cost a handful
+/// of transactions (one per batch of up to 127), not 500. Creates that ride in one batch
+/// with a session that exists and one whose workspace is gone still get their own answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn session_creates_that_arrive_together_commit_together() {
+    let harness = harness_with(Duration::ZERO, Duration::from_millis(5)).await;
+    let workspace = WorkspaceId::new("ws-group-commit").unwrap();
+    harness.binder.ensure_ready(request(&workspace, "")).await.expect("bind");
+
+    let before = harness.store_registry.round_trips();
+    let creates: Vec<_> = (0..500)
+        .map(|index| {
+            let store = Arc::clone(&harness.store);
+            let record = session(&format!("s-{index}"), &workspace);
+            tokio::spawn(async move { store.create_session(&record).await })
+        })
+        .collect();
+    for create in creates {
+        assert!(matches!(create.await.unwrap(), Ok(SessionCreated::Created)));
+    }
+    let transactions = harness.store_registry.round_trips() - before;
+    assert!(transactions <= 12, "500 creates took {transactions} transactions");
+    for index in [0, 127, 499] {
+        let stored = harness.store.session(&format!("s-{index}")).await.unwrap().expect("durable");
+        assert_eq!(stored.workspace_id, workspace);
+    }
+
+    // Mixed: an id that exists, a workspace that does not, a repeated id and new ones.
+    let gone = WorkspaceId::new("ws-never-made").unwrap();
+    let mixed = [
+        session("s-0", &workspace),
+        session("s-new-1", &gone),
+        session("s-new-2", &workspace),
+        session("s-new-2", &workspace),
+        session("s-new-3", &workspace),
+    ];
+    let creates: Vec<_> = mixed
+        .iter()
+        .cloned()
+        .map(|record| {
+            let store = Arc::clone(&harness.store);
+            tokio::spawn(async move { store.create_session(&record).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for create in creates {
+        answers.push(create.await.unwrap().expect("answered"));
+    }
+    assert!(matches!(&answers[0], SessionCreated::Exists(existing) if existing.session_id == "s-0"));
+    assert!(matches!(answers[1], SessionCreated::WorkspaceGone));
+    // The repeated id: one of the two created it, the other found it.
+    let created_twice = [&answers[2], &answers[3]];
+    assert_eq!(created_twice.iter().filter(|answer| matches!(answer, SessionCreated::Created)).count(), 1);
+    assert_eq!(created_twice.iter().filter(|answer| matches!(answer, SessionCreated::Exists(_))).count(), 1);
+    assert!(matches!(answers[4], SessionCreated::Created));
+    assert!(harness.store.session("s-new-1").await.unwrap().is_none(), "no session for a missing workspace");
     harness.cancel.cancel();
 }
