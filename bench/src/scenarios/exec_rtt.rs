@@ -345,8 +345,8 @@ async fn provision_case(
         drop(container);
     }
     let floor_name = match backend {
-        "docker" => "4 etcd writes + docker run",
-        _ => "4 sequential etcd writes of a bind",
+        "docker" => "3 etcd round trips of a bind + docker run",
+        _ => "3 sequential etcd round trips of a bind",
     };
     let mut result = ScenarioResult::new(NAME, format!("provision {backend}"), &ctx.machine)
         .param("backend", backend)
@@ -359,19 +359,23 @@ async fn provision_case(
     Ok(result)
 }
 
-/// The registry writes of one bind, in order: create the lock, write the record guarded by
-/// the lock, delete the lock, create the session.
+/// The registry round trips of one bind, in order, as Berth makes them: take the lock and
+/// read the record (one transaction), write the record guarded by the lock and delete the
+/// lock (one), create the session.
 async fn bind_writes(registry: &Arc<EtcdRegistry>, prefix: &str, index: usize) -> anyhow::Result<()> {
     let lock = format!("{prefix}/locks/ws-{index}");
     let record = format!("{prefix}/workspaces/ws-{index}");
     let session = format!("{prefix}/sessions/s-{index}");
     let value = Bytes::from(vec![b'x'; 400]);
-    let created = registry.create_if_absent(&lock, Bytes::from_static(b"replica"), 0).await?;
-    let fence = created.map_err(|_| anyhow::anyhow!("floor lock {lock} exists"))?;
-    let guarded =
-        Txn::new().when([Compare::create_revision(&lock, fence)]).and_then([TxnOp::put(&record, value.clone())]);
+    let take = Txn::new()
+        .when([Compare::absent(&lock)])
+        .and_then([TxnOp::put(&lock, Bytes::from_static(b"replica")), TxnOp::get(&record)]);
+    let taken = registry.txn(take).await?;
+    anyhow::ensure!(taken.succeeded, "floor lock {lock} exists");
+    let guarded = Txn::new()
+        .when([Compare::create_revision(&lock, taken.revision)])
+        .and_then([TxnOp::put(&record, value.clone()), TxnOp::delete(&lock)]);
     anyhow::ensure!(registry.txn(guarded).await?.succeeded, "floor record write lost its fence");
-    registry.delete(&lock).await?;
     registry.create_if_absent(&session, value, 0).await?.map_err(|_| anyhow::anyhow!("floor session exists"))?;
     Ok(())
 }
