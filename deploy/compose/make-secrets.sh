@@ -29,32 +29,10 @@ umask 077
 mkdir -p "$dir/pki"
 chmod 0700 "$dir"
 
-random() { head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40; }
-
 # Keeps the CA and what it issued; nodes named for the first time are issued by it, so an
 # added node joins the running cluster.
 REPLICAS="${replicas[*]}" ETCD_MEMBERS="${members[*]}" "$here/../certs/make-dev-certs.sh" "$dir/pki" "${nodes[@]}" >/dev/null
-for password in etcd-root etcd-berth; do
-    [ -s "$dir/pki/$password.password" ] || random >"$dir/pki/$password.password"
-done
-
-if [ ! -s "$dir/tokens.toml" ]; then
-    cat >"$dir/tokens.toml" <<TOML
-[[token]]
-secret = "$(random)"
-admin = true
-name = "ops"
-
-[[token]]
-secret = "$(random)"
-service = "agent-platform"
-act_for_users = true
-
-[[token]]
-secret = "$(random)"
-user = "alice"
-TOML
-fi
+"$here/../certs/make-dev-secrets.sh" "$dir/tokens.toml" "$dir/pki/etcd-root.password" "$dir/pki/etcd-berth.password"
 
 # folder NAME SOURCE:TARGET...: a fresh per-service folder holding copies of exactly these.
 folder() {

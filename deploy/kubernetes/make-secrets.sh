@@ -69,8 +69,6 @@ done
 umask 077
 mkdir -p "$dir/pki"
 chmod 0700 "$dir"
-random() { head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40; }
-
 # Each node with the Service name its certificate must hold (the first run also makes the
 # CA, the replicas' and the etcd members' certificates). make-dev-certs.sh keeps what exists.
 for node in "${nodes[@]}"; do
@@ -81,26 +79,7 @@ for node in "${nodes[@]}"; do
         NODE_SANS="DNS:berth-node-$slug.berth.svc,DNS:berth-node-$slug" \
         "$here/../certs/make-dev-certs.sh" "$dir/pki" "$node" >/dev/null
 done
-for password in etcd-root etcd-berth; do
-    [ -s "$dir/pki/$password.password" ] || random >"$dir/pki/$password.password"
-done
-if [ ! -s "$dir/tokens.toml" ]; then
-    cat >"$dir/tokens.toml" <<TOML
-[[token]]
-secret = "$(random)"
-admin = true
-name = "ops"
-
-[[token]]
-secret = "$(random)"
-service = "agent-platform"
-act_for_users = true
-
-[[token]]
-secret = "$(random)"
-user = "alice"
-TOML
-fi
+"$here/../certs/make-dev-secrets.sh" "$dir/tokens.toml" "$dir/pki/etcd-root.password" "$dir/pki/etcd-berth.password"
 
 # secret NAME KEY:FILE...: a Secret holding each FILE (relative to $dir) under KEY.
 secret() {
