@@ -39,6 +39,10 @@ pub fn install_crypto_provider() {
 
 const STDERR_TAIL_BYTES: usize = 4096;
 
+/// How long a server whose handshake failed gets to exit and close its stderr before the
+/// error is reported.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A connected MCP client and what keeps its server alive.
 pub struct LiveClient {
     pub service: RunningService<RoleClient, ClientConfig>,
@@ -69,6 +73,8 @@ impl LiveClient {
 pub struct ServerProcess {
     exit: Arc<Mutex<Option<ExitInfo>>>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// Set once the server's stderr reached its end (everything it wrote is in `stderr`).
+    stderr_done: Arc<std::sync::atomic::AtomicBool>,
     _stop: DropGuard,
 }
 
@@ -129,8 +135,10 @@ pub async fn start(
             let service = match handshake {
                 Ok(Ok(service)) => service,
                 Ok(Err(error)) => {
-                    // Give a dying process a moment to be reaped, so the message says why.
-                    let _ = tokio::time::timeout(Duration::from_millis(200), wait_exit(&process)).await;
+                    // Give a dying process a moment to be reaped and its stderr to be read to
+                    // the end, so the message says why (its exit can be seen before the
+                    // last of its stderr is).
+                    let _ = tokio::time::timeout(SETTLE_TIMEOUT, process.settled()).await;
                     return Err(failed(format!("initialize failed: {error}; {}", process.describe())));
                 }
                 Err(_) => {
@@ -225,6 +233,8 @@ fn watch(
     });
     let kept = Arc::clone(&tail);
     let cancelled = stop.clone();
+    let stderr_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::clone(&stderr_done);
     tokio::spawn(async move {
         let mut buffer = vec![0u8; 4096];
         loop {
@@ -233,7 +243,10 @@ fn watch(
                 () = cancelled.cancelled() => return,
             };
             match read {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => {
+                    done.store(true, std::sync::atomic::Ordering::Release);
+                    return;
+                }
                 Ok(read) => {
                     let mut tail = kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                     tail.extend_from_slice(&buffer[..read]);
@@ -245,11 +258,75 @@ fn watch(
             }
         }
     });
-    ServerProcess { exit, stderr: tail, _stop: stop.drop_guard() }
+    ServerProcess { exit, stderr: tail, stderr_done, _stop: stop.drop_guard() }
 }
 
-async fn wait_exit(process: &ServerProcess) {
-    while process.exit().is_none() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+impl ServerProcess {
+    /// Returns once the process exited and its stderr was read to the end.
+    async fn settled(&self) {
+        while self.exit().is_none() || !self.stderr_done.load(std::sync::atomic::Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use async_trait::async_trait;
+    use berth_workspace::backend::ProcessControl;
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    use super::*;
+
+    /// A process that has exited already.
+    struct Exited;
+
+    #[async_trait]
+    impl ProcessControl for Exited {
+        async fn wait(&mut self) -> Result<ExitInfo> {
+            Ok(ExitInfo { code: Some(0), signal: None })
+        }
+        async fn kill(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Stderr whose bytes arrive `delay` after the first read (a loaded machine: the exit is
+    /// reaped before the last write is read).
+    struct LateStderr {
+        delay: Pin<Box<tokio::time::Sleep>>,
+        text: Option<&'static [u8]>,
+    }
+
+    impl AsyncRead for LateStderr {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if self.delay.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if let Some(text) = self.text.take() {
+                buf.put_slice(text);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_start_reports_stderr_that_arrives_after_the_exit() {
+        let stderr = LateStderr {
+            delay: Box::pin(tokio::time::sleep(Duration::from_millis(300))),
+            text: Some(b"ld.so: object from LD_PRELOAD cannot be preloaded"),
+        };
+        let process = watch(Box::new(Exited), Box::pin(stderr));
+        tokio::time::timeout(SETTLE_TIMEOUT, process.settled()).await.expect("settles");
+        let described = process.describe();
+        assert!(described.contains("exited with code 0"), "{described}");
+        assert!(described.contains("cannot be preloaded"), "the late stderr is missing: {described}");
     }
 }
