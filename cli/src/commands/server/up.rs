@@ -33,6 +33,11 @@ pub struct UpArgs {
     pub config: super::flags::ConfigFlag,
     #[command(flatten)]
     pub replica: ReplicaFlags,
+    /// CA certificate (PEM) that issued --tls-cert: the in-process node agent verifies the
+    /// public listener with it. Default: --tls-cert itself, which suits a self-signed
+    /// certificate (or a file holding the chain up to its CA).
+    #[arg(long, env = "BERTH_TLS_CA", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
     #[command(flatten)]
     pub node: NodeFlags,
     #[command(flatten)]
@@ -79,8 +84,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     let scheme = if replica.tls.is_some() { "https" } else { "http" };
     node.control_planes = vec![format!("{scheme}://{public}")];
     if let Some(tls) = &replica.tls {
-        // The node heartbeats to our own public listener: trust its certificate.
-        node.control_plane_tls = Some(ClientTls { ca: tls.cert.clone(), identity: None, domain: None });
+        // The node heartbeats to our own public listener: trust its certificate, or the CA
+        // that issued it.
+        let ca = args.tls_ca.clone().unwrap_or_else(|| tls.cert.clone());
+        node.control_plane_tls = Some(ClientTls { ca, identity: None, domain: None });
     }
     // The node agent runs as a task: refuse its configuration here, before anything serves,
     // or `berth up` would run a control plane with no node (e.g. `local` without
@@ -95,7 +102,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<i32> {
     // The node agent stops after the control plane so in-flight forwarded calls finish.
     let node_shutdown = CancellationToken::new();
     let node_task = tokio::spawn(berth_node_agent::serve(node_listener, node, node_shutdown.clone()));
-    tracing::info!(endpoint = %format!("http://{public}"), data_dir = %data_dir.display(), "berth up ready");
+    tracing::info!(endpoint = %format!("{scheme}://{public}"), data_dir = %data_dir.display(), "berth up ready");
     let served = berth_control_plane::serve(listener, replica, registry, shutdown).await;
     node_shutdown.cancel();
     let node_result = node_task.await.context("node agent task")?;
