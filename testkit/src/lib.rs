@@ -161,6 +161,24 @@ impl Backend for PrimitivesOnly {
 
 // ---- helpers shared by the cases -------------------------------------------------------
 
+/// Provisions `workspace_id` through a portable driver the way the cloud driver suites do:
+/// owner `alice`, no host root (a cloud sandbox has none), `spec` as given.
+pub async fn provision_as_alice<D: berth_workspace::driver::BackendDriver + ?Sized>(
+    driver: &D,
+    workspace_id: &berth_workspace::id::WorkspaceId,
+    generation: u64,
+    fresh: bool,
+    spec: &berth_workspace::spec::WorkspaceSpec,
+) -> Result<berth_workspace::backend::BackendRef> {
+    let context = berth_workspace::driver::ProvisionContext {
+        workspace_id,
+        root: std::path::Path::new("/nonexistent"),
+        spec,
+        placement: berth_workspace::driver::Placement { generation, owner: "alice", fresh },
+    };
+    driver.provision(context).await
+}
+
 /// Parses a path the test knows to be valid.
 pub fn rel(path: &str) -> RelPath {
     RelPath::parse(path).unwrap_or_else(|error| panic!("test path {path:?}: {error}"))

@@ -155,12 +155,15 @@ impl Api {
         labels: &BTreeMap<String, String>,
         env: &BTreeMap<String, String>,
         auto_stop_minutes: u32,
+        network: bool,
     ) -> Result<SandboxInfo> {
+        // The workspace spec's `network`: a workspace without it gets a sandbox whose
+        // egress is blocked (Daytona's own default would be open).
         let mut body = json!({
             "labels": labels,
             "env": env,
             "autoStopInterval": auto_stop_minutes,
-            "networkBlockAll": false,
+            "networkBlockAll": !network,
         });
         if let Some(snapshot) = snapshot {
             body["snapshot"] = json!(snapshot);

@@ -200,7 +200,13 @@ impl DaytonaDriver {
         );
         let sandbox = self
             .api
-            .create(self.config.snapshot.as_deref(), &labels, &context.spec.env, self.config.auto_stop_minutes)
+            .create(
+                self.config.snapshot.as_deref(),
+                &labels,
+                &context.spec.env,
+                self.config.auto_stop_minutes,
+                context.spec.network,
+            )
             .await?;
         let prepared = async {
             let toolbox = self.toolbox(&sandbox).await?;

@@ -54,6 +54,20 @@ async fn create_writes_the_labels() {
     assert!(labelled[0].created_at_ms > 0);
 }
 
+/// A workspace's `network` decides `networkBlockAll`: egress blocked unless the spec asks
+/// for network (Daytona's own default would be open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_is_blocked_unless_the_spec_asks_for_network() {
+    let provider = Provider::start().await;
+    for network in [false, true] {
+        let driver = provider.driver(&prefix());
+        let spec = berth_workspace::WorkspaceSpec { network, ..Default::default() };
+        berth_testkit::provision_as_alice(&driver, &workspace_id("net"), 1, true, &spec).await.unwrap();
+        let sandbox = only_sandbox(&driver).await;
+        assert_eq!(provider.emulator.network_blocked(&sandbox), Some(!network), "network: {network}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_gateway_adopts_with_the_files_and_fences_the_old_one() {
     let provider = Provider::start().await;

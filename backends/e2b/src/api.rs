@@ -117,13 +117,17 @@ impl Api {
         timeout: Duration,
         metadata: &BTreeMap<String, String>,
         env: &BTreeMap<String, String>,
+        internet: bool,
     ) -> Result<SandboxAccess> {
+        // `allow_internet_access` (false: all egress denied) is the workspace spec's
+        // `network`: a workspace without it gets a sandbox without it, as on every backend.
         let body = json!({
             "templateID": template,
             "timeout": timeout.as_secs(),
             "autoPause": true,
             "metadata": metadata,
             "envVars": env,
+            "allow_internet_access": internet,
         });
         let what = "create an e2b sandbox";
         let response = http::send(

@@ -147,8 +147,16 @@ impl E2bDriver {
         let generation = context.placement.generation;
         let metadata =
             labels::for_create(context.workspace_id, generation, context.placement.owner, &self.config.cluster_prefix);
-        let access =
-            self.api.create(&self.config.template, self.config.sandbox_timeout, &metadata, &context.spec.env).await?;
+        let access = self
+            .api
+            .create(
+                &self.config.template,
+                self.config.sandbox_timeout,
+                &metadata,
+                &context.spec.env,
+                context.spec.network,
+            )
+            .await?;
         let envd = match self.envd(&access) {
             Ok(envd) => envd,
             Err(error) => {

@@ -54,6 +54,20 @@ async fn create_writes_the_metadata() {
     assert!(labelled[0].created_at_ms > 0);
 }
 
+/// A workspace's `network` is the sandbox's `allow_internet_access`: off unless the spec
+/// asks for it (E2B's own default would be on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_has_internet_access_only_when_the_spec_asks_for_network() {
+    let provider = Provider::start().await;
+    for network in [false, true] {
+        let driver = provider.driver(&prefix());
+        let spec = berth_workspace::WorkspaceSpec { network, ..Default::default() };
+        berth_testkit::provision_as_alice(&driver, &workspace_id("net"), 1, true, &spec).await.unwrap();
+        let sandbox = only_sandbox(&driver).await;
+        assert_eq!(provider.emulator.internet_access(&sandbox), Some(Some(network)), "network: {network}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_gateway_adopts_with_the_files_and_fences_the_old_one() {
     let provider = Provider::start().await;

@@ -56,7 +56,12 @@ pub async fn handle(
             let env = string_map(request.get("env"))?;
             let name = request.get("name").and_then(Value::as_str).filter(|name| !name.is_empty()).map(str::to_owned);
             let snapshot = request.get("snapshot").and_then(Value::as_str).unwrap_or("daytona-small").to_owned();
-            let sandbox = state.create(name, snapshot, labels, env).await?;
+            let network_block_all = match request.get("networkBlockAll") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(blocked)) => *blocked,
+                Some(_) => return Err(ApiError::new(400, "networkBlockAll must be a boolean")),
+            };
+            let sandbox = state.create(name, snapshot, labels, env, network_block_all).await?;
             let life = sandbox.life.lock().await;
             Ok(json_ok(StatusCode::OK, &sandbox.dto(&life, &toolbox)))
         }

@@ -130,6 +130,11 @@ impl Emulator {
     pub fn labels(&self, id: &str) -> Option<std::collections::BTreeMap<String, String>> {
         self.state.get(id).map(|sandbox| sandbox.labels())
     }
+
+    /// Whether sandbox `id` was created with `networkBlockAll`.
+    pub fn network_blocked(&self, id: &str) -> Option<bool> {
+        self.state.get(id).map(|sandbox| sandbox.network_block_all)
+    }
 }
 
 impl Drop for Emulator {

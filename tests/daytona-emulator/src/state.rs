@@ -78,6 +78,9 @@ pub struct Sandbox {
     pub snapshot: String,
     pub labels: Mutex<BTreeMap<String, String>>,
     pub env: BTreeMap<String, String>,
+    /// What the create asked for (`networkBlockAll`, default false). The emulator runs
+    /// every sandbox without a network either way.
+    pub network_block_all: bool,
     pub created_at: SystemTime,
     pub dir: PathBuf,
     pub host_uid: Option<u32>,
@@ -108,7 +111,7 @@ impl Sandbox {
             "env": self.env,
             "labels": self.labels(),
             "public": false,
-            "networkBlockAll": true,
+            "networkBlockAll": self.network_block_all,
             "kvm": false,
             "target": "emulator",
             "cpu": 1,
@@ -242,6 +245,7 @@ impl State {
         snapshot: String,
         labels: BTreeMap<String, String>,
         env: BTreeMap<String, String>,
+        network_block_all: bool,
     ) -> Result<Arc<Sandbox>, ApiError> {
         if let Some(name) = &name
             && self.get(name).is_some()
@@ -266,6 +270,7 @@ impl State {
             snapshot,
             labels: Mutex::new(labels),
             env,
+            network_block_all,
             created_at: now,
             dir,
             host_uid,

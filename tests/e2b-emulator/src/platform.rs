@@ -119,7 +119,12 @@ async fn create(state: &State, body: &[u8]) -> Response {
         (Err(error), _) | (_, Err(error)) => return self::error(400, &error),
     };
     let auto_pause = request.get("autoPause").and_then(Value::as_bool).unwrap_or(false);
-    match state.create(template, timeout, metadata, env, auto_pause).await {
+    let internet = match request.get("allow_internet_access") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(allowed)) => Some(*allowed),
+        Some(_) => return self::error(400, "allow_internet_access: expected a boolean"),
+    };
+    match state.create(template, timeout, metadata, env, auto_pause, internet).await {
         Ok(sandbox) => json_response(StatusCode::CREATED, &sandbox.created()),
         Err(error) => api_error(error),
     }
@@ -146,6 +151,8 @@ async fn detail(state: &State, id: &str) -> Response {
     let life = sandbox.life.lock().await;
     let mut value = sandbox.listed(&life);
     value["envdAccessToken"] = json!(sandbox.envd_token);
+    // Null when the create did not say (SandboxDetail).
+    value["allowInternetAccess"] = json!(sandbox.allow_internet_access);
     json_response(StatusCode::OK, &value)
 }
 

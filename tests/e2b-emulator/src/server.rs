@@ -144,6 +144,12 @@ impl Emulator {
     pub fn metadata(&self, id: &str) -> Option<std::collections::BTreeMap<String, String>> {
         self.state.get(id).map(|sandbox| sandbox.metadata.clone())
     }
+
+    /// What sandbox `id`'s create asked for as `allow_internet_access` (outer `None`: no
+    /// such sandbox).
+    pub fn internet_access(&self, id: &str) -> Option<Option<bool>> {
+        self.state.get(id).map(|sandbox| sandbox.allow_internet_access)
+    }
 }
 
 impl Drop for Emulator {

@@ -64,6 +64,9 @@ pub struct Sandbox {
     pub client_id: String,
     pub metadata: BTreeMap<String, String>,
     pub env: BTreeMap<String, String>,
+    /// What the create asked for (`allow_internet_access`); `None` when it did not say.
+    /// The emulator runs every sandbox without a network either way.
+    pub allow_internet_access: Option<bool>,
     pub envd_token: String,
     pub started_at: SystemTime,
     pub dir: PathBuf,
@@ -169,6 +172,7 @@ impl State {
         metadata: BTreeMap<String, String>,
         env: BTreeMap<String, String>,
         auto_pause: bool,
+        allow_internet_access: Option<bool>,
     ) -> Result<Arc<Sandbox>, ApiError> {
         if let Some(max) = self.config.max_running
             && self.running_count().await >= max
@@ -194,6 +198,7 @@ impl State {
             client_id: "emulator".to_owned(),
             metadata,
             env,
+            allow_internet_access,
             envd_token: random(32),
             started_at: now,
             dir,

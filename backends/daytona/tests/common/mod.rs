@@ -9,7 +9,6 @@ use std::time::Duration;
 use berth_backend_daytona::{DaytonaConfig, DaytonaDriver};
 use berth_daytona_emulator::{Emulator, EmulatorConfig};
 use berth_workspace::backend::BackendRef;
-use berth_workspace::driver::{BackendDriver, Placement, ProvisionContext};
 use berth_workspace::id::WorkspaceId;
 use berth_workspace::spec::WorkspaceSpec;
 
@@ -66,15 +65,7 @@ pub async fn provision(
     generation: u64,
     fresh: bool,
 ) -> berth_workspace::error::Result<BackendRef> {
-    let spec = WorkspaceSpec::default();
-    let root = std::path::Path::new("/nonexistent");
-    let context = ProvisionContext {
-        workspace_id: id,
-        root,
-        spec: &spec,
-        placement: Placement { generation, owner: "alice", fresh },
-    };
-    driver.provision(context).await
+    berth_testkit::provision_as_alice(driver, id, generation, fresh, &WorkspaceSpec::default()).await
 }
 
 /// A provisioned workspace and what keeps it alive.
