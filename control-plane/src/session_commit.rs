@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{ControlPlaneError, Result};
@@ -55,7 +56,7 @@ impl SessionCommitter {
     /// the batch it rides in has committed.
     pub async fn create(&self, key: String, workspace_key: String, session: SessionRecord) -> Result<SessionCreated> {
         let (reply, answer) = oneshot::channel();
-        let gone = || ControlPlaneError::Internal("the session committer stopped".into());
+        let gone = || ControlPlaneError::Internal("the session committer stopped before answering".into());
         self.queue.send(Pending { key, workspace_key, session, reply }).map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
     }
@@ -78,7 +79,11 @@ async fn run(registry: RegistryRef, mut receiver: mpsc::UnboundedReceiver<Pendin
         }
         let batch = take_batch(&mut queued);
         crate::metrics::session_batch(batch.len());
-        commit(&registry, batch).await;
+        // A panic fails this batch's callers (their replies are dropped), not every create
+        // after it.
+        if std::panic::AssertUnwindSafe(commit(&registry, batch)).catch_unwind().await.is_err() {
+            tracing::error!("a batch of session creates panicked; its callers were answered with an error");
+        }
     }
 }
 

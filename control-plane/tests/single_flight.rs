@@ -72,7 +72,12 @@ async fn harness_with(provision_delay: Duration, round_trip: Duration) -> Harnes
     .unwrap();
     let mut binder_config = ControlPlaneConfig::new("replica-binder");
     binder_config.bind_timeout = Duration::from_secs(20);
-    let store_registry = Arc::new(Counting { inner: registry, round_trips: AtomicU64::new(0), delay: round_trip });
+    let store_registry = Arc::new(Counting {
+        inner: registry,
+        round_trips: AtomicU64::new(0),
+        delay: round_trip,
+        panic_next_txn: Default::default(),
+    });
     let store = Arc::new(WorkspaceStore::new(
         Arc::clone(&store_registry) as RegistryRef,
         keys,
@@ -109,6 +114,8 @@ struct Counting {
     round_trips: AtomicU64,
     /// Added to every transaction.
     delay: Duration,
+    /// The next transaction panics (a bug in a call the committer makes).
+    panic_next_txn: std::sync::atomic::AtomicBool,
 }
 
 impl Counting {
@@ -142,6 +149,7 @@ impl Registry for Counting {
     async fn txn(&self, txn: Txn) -> berth_control_plane::registry::Result<TxnResponse> {
         self.count();
         tokio::time::sleep(self.delay).await;
+        assert!(!self.panic_next_txn.swap(false, Ordering::Relaxed), "injected panic");
         self.inner.txn(txn).await
     }
     async fn grant_lease(&self, ttl: Duration) -> berth_control_plane::registry::Result<LeaseId> {
@@ -326,5 +334,21 @@ async fn session_creates_that_arrive_together_commit_together() {
     assert_eq!(created_twice.iter().filter(|answer| matches!(answer, SessionCreated::Exists(_))).count(), 1);
     assert!(matches!(answers[4], SessionCreated::Created));
     assert!(harness.store.session("s-new-1").await.unwrap().is_none(), "no session for a missing workspace");
+    harness.cancel.cancel();
+}
+
+/// A panic while committing a batch answers that batch's callers with an error; the creates
+/// after it are committed as usual (the committer does not die with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_batch_fails_its_callers_only() {
+    let harness = harness(Duration::ZERO).await;
+    let workspace = WorkspaceId::new("ws-panicking-batch").unwrap();
+    harness.binder.ensure_ready(request(&workspace, "")).await.expect("bind");
+    harness.store_registry.panic_next_txn.store(true, Ordering::Relaxed);
+    let failed = harness.store.create_session(&session("s-panic", &workspace)).await;
+    let error = failed.expect_err("the panicking batch answers an error");
+    assert!(error.to_string().contains("session committer"), "{error}");
+    let next = harness.store.create_session(&session("s-after", &workspace)).await;
+    assert!(matches!(next, Ok(SessionCreated::Created)), "{next:?}");
     harness.cancel.cancel();
 }
