@@ -22,7 +22,16 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{ControlPlaneError, Result};
 use crate::records::{self, SessionRecord};
 use crate::registry::{Compare, CompareOp, CompareTarget, RegistryError, RegistryRef, Txn, TxnOp};
-use crate::store::SessionCreated;
+
+/// What creating a session found.
+#[derive(Debug)]
+pub enum SessionCreated {
+    Created,
+    /// A session of that id exists (idempotent when it is the same binding).
+    Exists(SessionRecord),
+    /// The workspace's record is gone (deleted since the caller read it).
+    WorkspaceGone,
+}
 
 /// etcd's default `--max-txn-ops`: compares and each branch's operations are counted
 /// separately against it.

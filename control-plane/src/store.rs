@@ -61,15 +61,7 @@ pub enum Lock {
     Held(HeldLock),
 }
 
-/// What creating a session found.
-#[derive(Debug)]
-pub enum SessionCreated {
-    Created,
-    /// A session of that id exists (idempotent when it is the same binding).
-    Exists(SessionRecord),
-    /// The workspace's record is gone (deleted since the caller read it).
-    WorkspaceGone,
-}
+pub use crate::session_commit::SessionCreated;
 
 /// How waiting for a lock holder ended.
 pub enum HolderOutcome {
@@ -229,10 +221,17 @@ impl WorkspaceStore {
     }
 
     /// Writes the record and deletes its lock in one transaction, only if we still hold the
-    /// lock we took (its create revision is the fence).
+    /// lock we took (its create revision is the fence). The write is folded into the view at
+    /// its revision, so this replica reads its own write at once (a caller that got the
+    /// workspace READY finds it in ListWorkspaces) instead of when the watch delivers it.
     pub async fn write_fenced(&self, record: &WorkspaceRecord, fence: LockFence) -> Result<()> {
-        let put = TxnOp::put(self.keys.workspace(&record.id), records::encode(record));
-        self.fenced(&record.id, fence, put).await
+        let key = self.keys.workspace(&record.id);
+        let value = records::encode(record);
+        let revision = self.fenced_all(&record.id, fence, vec![TxnOp::put(&key, value.clone())]).await?;
+        let written =
+            registry::KeyValue { key, value, create_revision: 0, mod_revision: revision, version: 0, lease: 0 };
+        self.view.workspaces.apply_put(&written);
+        Ok(())
     }
 
     /// Deletes the record and its lock in one transaction, only if we still hold the lock.
@@ -329,10 +328,6 @@ impl WorkspaceStore {
             .txn(Txn::new().when([Compare::mod_revision(&key, revision)]).and_then([TxnOp::delete(&key)]))
             .await?;
         Ok(())
-    }
-
-    async fn fenced(&self, workspace_id: &WorkspaceId, fence: LockFence, change: TxnOp) -> Result<()> {
-        self.fenced_all(workspace_id, fence, vec![change]).await.map(|_| ())
     }
 
     async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, mut changes: Vec<TxnOp>) -> Result<i64> {
