@@ -14,9 +14,12 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
+
+import grpc
 
 import berth
 
@@ -38,6 +41,28 @@ def etcd_binary() -> str:
     if not os.access(path, os.X_OK):
         raise AssertionError("etcd is not installed (Debian's etcd-server): the cluster tests need it")
     return path
+
+
+def wait_connection_lost(client: berth.Client, index: int, timeout: float = 10.0) -> bool:
+    """Waits until ``client``'s channel to endpoint ``index`` has left READY.
+
+    After a replica is killed the client learns of it only when its connection's close
+    arrives; a call sent on the connection before that reaches a dead socket and may, as
+    far as the client can tell, have run, so it is not repeated. A test that wants a call
+    to fail over waits for this first.
+    """
+    channel = client._channels._channels[index]
+    left = threading.Event()
+
+    def seen(state: grpc.ChannelConnectivity) -> None:
+        if state is not grpc.ChannelConnectivity.READY:
+            left.set()
+
+    channel.subscribe(seen, try_to_connect=False)
+    try:
+        return left.wait(timeout)
+    finally:
+        channel.unsubscribe(seen)
 
 
 def free_port() -> int:

@@ -90,7 +90,10 @@ def test_failover_when_a_replica_is_killed(etcd):
             client.write_file(workspace, "before.txt", b"kept")
             current = client._channels.ring.current()
             own.replicas[current].kill()
-            # Every call family still works through the remaining replicas.
+            # Once the client has seen the connection close, every call family (an exec
+            # too, which is never repeated after it may have been sent) goes to the
+            # remaining replicas. Before that, a call may be written into the dead socket.
+            assert harness.wait_connection_lost(client, current)
             assert client.exec(workspace, ["cat", "before.txt"]).stdout == b"kept"
             assert client._channels.ring.current() != current
             client.write_file(workspace, "after.txt", b"written after the kill")
