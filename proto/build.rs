@@ -14,6 +14,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("cargo:rerun-if-env-changed=PROTOC");
     let mut config = prost_build::Config::new();
+    // File data as `Bytes`: a chunk decoded from the wire shares the receive buffer, and a
+    // node agent cuts a block read from disk into chunks without copying.
+    config.bytes([".berth.v1.FileChunk.data", ".berth.v1.WriteFileRequest.chunk"]);
     let mut includes = vec![std::path::PathBuf::from(".")];
     if std::env::var_os("PROTOC").is_none() {
         config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);

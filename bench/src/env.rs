@@ -73,8 +73,7 @@ pub async fn start_cluster(config: ClusterConfig) -> anyhow::Result<Cluster> {
 
 /// An eagerly connected channel (the connection is not part of any measured call).
 pub async fn connect(endpoint: &str) -> anyhow::Result<Channel> {
-    Endpoint::from_shared(endpoint.to_owned())
-        .context("endpoint URL")?
+    berth_proto::transport::client(Endpoint::from_shared(endpoint.to_owned()).context("endpoint URL")?)
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .connect()

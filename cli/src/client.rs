@@ -112,10 +112,12 @@ pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Connection> {
     let token = global.token()?;
     let credentials = Credentials::new(token.as_ref().map(|token| token.expose()), global.act_as.as_deref())?;
     let uri = normalize_endpoint(endpoint);
-    let mut target = Endpoint::from_shared(uri.clone())
-        .map_err(|error| anyhow::anyhow!("invalid endpoint {endpoint:?}: {error}"))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true);
+    let mut target = berth_proto::transport::client(
+        Endpoint::from_shared(uri.clone())
+            .map_err(|error| anyhow::anyhow!("invalid endpoint {endpoint:?}: {error}"))?,
+    )
+    .connect_timeout(CONNECT_TIMEOUT)
+    .tcp_nodelay(true);
     if uri.starts_with("https://") {
         let mut tls = tonic::transport::ClientTlsConfig::new();
         if let Some(ca) = &global.ca_cert {

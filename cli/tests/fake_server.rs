@@ -167,7 +167,10 @@ impl WorkspaceService for Fake {
         let Some(data) = self.state().files.get(&read.path).cloned() else {
             return Err(Status::not_found(format!("{} does not exist", read.path)));
         };
-        let chunks: Vec<_> = data.chunks(FAKE_READ_CHUNK).map(|chunk| Ok(FileChunk { data: chunk.to_vec() })).collect();
+        let chunks: Vec<_> = data
+            .chunks(FAKE_READ_CHUNK)
+            .map(|chunk| Ok(FileChunk { data: bytes::Bytes::copy_from_slice(chunk) }))
+            .collect();
         Ok(Response::new(tokio_stream::iter(chunks)))
     }
 

@@ -99,12 +99,13 @@ impl NodeClients {
             return Ok(InterceptedService::new(channel.clone(), credential.clone()));
         }
         let bad_address = |reason: String| ControlPlaneError::BadNodeAddress { address: address.to_owned(), reason };
-        let mut endpoint = Endpoint::from_shared(address.to_owned())
-            .map_err(|error| bad_address(error.to_string()))?
-            .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5));
+        let mut endpoint = berth_proto::transport::client(
+            Endpoint::from_shared(address.to_owned()).map_err(|error| bad_address(error.to_string()))?,
+        )
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5));
         if address.starts_with("https://") {
             // A node that advertises TLS is only reached with the cluster CA configured:
             // never over an unverified connection.

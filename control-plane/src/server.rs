@@ -166,7 +166,7 @@ pub async fn serve(
         snapshots = %snapshots.describe(),
         "control plane serving"
     );
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = berth_proto::transport::server(tonic::transport::Server::builder());
     if let Some(tls) = &config.tls {
         let tls = berth_proto::tls::server_config(tls, None).map_err(ServeError::Config)?;
         builder = builder.tls_config(tls).map_err(|error| ServeError::Config(format!("tls: {error}")))?;

@@ -98,9 +98,7 @@ impl Files {
         let chunks = workspace.backend.read_file(&path).await.map_err(status)?;
         let stream = chunks.flat_map(move |chunk| {
             let pieces: Vec<Result<v1::FileChunk, Status>> = match chunk {
-                Ok(data) => {
-                    split(data, chunk_size).into_iter().map(|data| Ok(v1::FileChunk { data: data.to_vec() })).collect()
-                }
+                Ok(data) => split(data, chunk_size).into_iter().map(|data| Ok(v1::FileChunk { data })).collect(),
                 Err(error) => vec![Err(status(error))],
             };
             futures::stream::iter(pieces)
@@ -191,7 +189,7 @@ fn committed_chunks(inbound: Streaming<v1::WriteFileRequest>) -> berth_workspace
         let item = match inbound.message().await {
             Ok(Some(v1::WriteFileRequest { msg: Some(WriteMsg::Chunk(chunk)) })) => {
                 let received = received + chunk.len() as u64;
-                return Some((Ok(Bytes::from(chunk)), Some((inbound, received))));
+                return Some((Ok(chunk), Some((inbound, received))));
             }
             Ok(Some(v1::WriteFileRequest { msg: Some(WriteMsg::Commit(commit)) })) if commit.size == received => {
                 return None;

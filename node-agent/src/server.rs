@@ -116,7 +116,7 @@ pub async fn serve(
         mtls = config.client_ca.is_some(),
         "node agent serving"
     );
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = berth_proto::transport::server(tonic::transport::Server::builder());
     if let Some(tls) = &config.tls {
         let tls = berth_proto::tls::server_config(tls, config.client_ca.as_deref()).map_err(ServeError::Config)?;
         builder = builder.tls_config(tls).map_err(|error| ServeError::Config(format!("tls: {error}")))?;

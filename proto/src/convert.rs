@@ -195,7 +195,8 @@ pub fn write_file_messages(header: v1::WriteFileHeader, data: &[u8], chunk_size:
     let mut messages = Vec::with_capacity(data.len() / chunk_size.max(1) + 2);
     messages.push(v1::WriteFileRequest { msg: Some(Msg::Header(header)) });
     messages.extend(
-        data.chunks(chunk_size.max(1)).map(|piece| v1::WriteFileRequest { msg: Some(Msg::Chunk(piece.to_vec())) }),
+        data.chunks(chunk_size.max(1))
+            .map(|piece| v1::WriteFileRequest { msg: Some(Msg::Chunk(bytes::Bytes::copy_from_slice(piece))) }),
     );
     messages.push(write_file_commit(data.len() as u64));
     messages

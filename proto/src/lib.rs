@@ -18,6 +18,7 @@ pub mod meta;
 pub mod routed;
 pub mod tls;
 pub mod trace;
+pub mod transport;
 
 /// Encoded file descriptor set, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("berth_descriptor");

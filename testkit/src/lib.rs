@@ -272,6 +272,7 @@ macro_rules! backend_suite {
             $crate::__backend_suite_group!(files:
                 write_read_small,
                 write_read_large_streamed,
+                sizes_around_block_boundaries,
                 write_creates_parents,
                 overwrite_is_atomic,
                 failing_stream_leaves_nothing,

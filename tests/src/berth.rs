@@ -206,7 +206,7 @@ impl BerthProcess {
         let mut chunks = self.workspace_client().read_file(request).await?.into_inner();
         let mut data = Vec::new();
         while let Some(chunk) = chunks.next().await {
-            data.extend(chunk?.data);
+            data.extend_from_slice(&chunk?.data);
         }
         Ok(data)
     }

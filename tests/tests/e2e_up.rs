@@ -109,26 +109,38 @@ async fn berth_up_serves_the_cli_and_raw_grpc_then_stops_on_signal() {
             mode: 0,
         })),
     }];
-    messages.extend(
-        big.chunks(64 * 1024)
-            .map(|chunk| v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(chunk.to_vec())) }),
-    );
+    messages.extend(big.chunks(64 * 1024).map(|chunk| v1::WriteFileRequest {
+        msg: Some(v1::write_file_request::Msg::Chunk(bytes::Bytes::copy_from_slice(chunk))),
+    }));
     messages.push(berth_proto::convert::write_file_commit(big.len() as u64));
     let written = client.write_file(futures::stream::iter(messages)).await.unwrap().into_inner();
     assert_eq!(written.bytes_written, big.len() as u64);
-    let mut chunks = client
-        .read_file(v1::ReadFileRequest { workspace_id: workspace.clone(), path: "data/big.bin".into(), chunk_size: 0 })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut back = Vec::new();
-    let mut count = 0;
-    while let Some(chunk) = chunks.next().await {
-        back.extend(chunk.unwrap().data);
-        count += 1;
+    // The chunk size a reader asks for bounds what it gets, and is reached: no message is
+    // empty or longer, and some are exactly that long (0 asks for the 64 KiB default).
+    for (asked, size) in [(0u32, 64 * 1024usize), (4096, 4096), (100_000, 100_000), (1024 * 1024, 1024 * 1024)] {
+        let mut chunks = client
+            .read_file(v1::ReadFileRequest {
+                workspace_id: workspace.clone(),
+                path: "data/big.bin".into(),
+                chunk_size: asked,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut back = Vec::new();
+        let mut lengths = Vec::new();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.unwrap();
+            lengths.push(chunk.data.len());
+            back.extend_from_slice(&chunk.data);
+        }
+        assert!(back == big, "chunk_size {asked}: the bytes read back differ");
+        assert!(
+            lengths.iter().all(|&length| length > 0 && length <= size),
+            "chunk_size {asked}: chunk lengths {lengths:?}"
+        );
+        assert_eq!(lengths.iter().max(), Some(&size), "chunk_size {asked}: no chunk of the size asked for");
     }
-    assert_eq!(back, big);
-    assert!(count > 1, "a 5 MiB file must arrive in several chunks");
 
     // Typed statuses naming the problem.
     let status = client
@@ -164,7 +176,7 @@ async fn berth_up_serves_the_cli_and_raw_grpc_then_stops_on_signal() {
                 mode: 0,
             })),
         },
-        v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(b"partial".to_vec())) },
+        v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(bytes::Bytes::from_static(b"partial"))) },
     ])
     .chain(futures::stream::pending());
     let abandoned = tokio::time::timeout(Duration::from_millis(500), client.write_file(opened)).await;
@@ -193,7 +205,7 @@ async fn berth_up_serves_the_cli_and_raw_grpc_then_stops_on_signal() {
                 mode: 0,
             })),
         },
-        v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(b"truncated".to_vec())) },
+        v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(bytes::Bytes::from_static(b"truncated"))) },
     ];
     let status = client.clone().write_file(futures::stream::iter(uncommitted)).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");

@@ -12,7 +12,8 @@ use crate::path::RelPath;
 /// made the stream; errors later arrive in the stream.
 pub type ByteStream = BoxStream<'static, Result<Bytes>>;
 
-/// Chunk size of file streams.
+/// Chunk size of file streams on the wire when the caller names none. A backend's
+/// [`ByteStream`] may yield larger pieces; the node agent cuts them to the size asked for.
 pub const DEFAULT_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Options of a file write.

@@ -21,10 +21,9 @@ use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use futures::StreamExt;
 use nix::fcntl::{AtFlags, RenameFlags};
 use nix::unistd::{Gid, Uid};
-use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
-use berth_workspace::backend::{ByteStream, DEFAULT_CHUNK_BYTES, FileInfo, FileKind, WriteOptions};
+use berth_workspace::backend::{ByteStream, FileInfo, FileKind, WriteOptions};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
 
@@ -34,6 +33,11 @@ const MAX_SYMLINK_HOPS: usize = 40;
 pub const TEMP_MARKER: &str = ".berth-tmp-";
 /// Linux NAME_MAX: a temp name built from a long target name is shortened to fit.
 const NAME_MAX_BYTES: usize = 255;
+/// Bytes a file read takes from the disk per trip to the blocking pool (the node agent
+/// cuts them into the chunk size the caller asked for without copying).
+pub const READ_BLOCK_BYTES: usize = 1024 * 1024;
+/// Bytes a file write gathers before it takes them to the disk in one trip.
+const WRITE_BLOCK_BYTES: usize = 1024 * 1024;
 
 /// A host directory served as a workspace root.
 ///
@@ -75,14 +79,16 @@ impl HostFs {
         self.owner
     }
 
-    /// Streams a regular file in chunks of [`DEFAULT_CHUNK_BYTES`].
+    /// Streams a regular file in chunks of up to [`READ_BLOCK_BYTES`]. The first block is
+    /// read in the same trip to the blocking pool that opens the file, so a file of up to
+    /// one block costs one trip; each later block costs one more.
     ///
     /// Errors: `NotFound`, `IsADirectory`, `PathEscapesRoot`, `InvalidArgument` for a
     /// FIFO, socket or device (reading one could block forever).
     pub async fn read_file(&self, path: &RelPath) -> Result<ByteStream> {
         let display = path.as_fs_str().to_owned();
         let relative = path.clone();
-        let file = self
+        let (file, first, rest) = self
             .blocking(move |root, _owner| {
                 let display = relative.as_fs_str();
                 let mut options = OpenOptions::new();
@@ -99,13 +105,24 @@ impl HostFs {
                 if !metadata.is_file() {
                     return Err(WorkspaceError::InvalidArgument(format!("{display:?} is not a regular file")));
                 }
-                Ok(file.into_std())
+                let mut file = file.into_std();
+                let expected = usize::try_from(metadata.len()).unwrap_or(usize::MAX);
+                let mut first = Vec::with_capacity(expected.min(READ_BLOCK_BYTES));
+                io::Read::read_to_end(&mut io::Read::take(&mut file, READ_BLOCK_BYTES as u64), &mut first)
+                    .map_err(|error| WorkspaceError::from_io("read", display, error))?;
+                // A short first block is the whole file; a full one may have more behind it.
+                let rest = first.len() == READ_BLOCK_BYTES;
+                Ok((file, Bytes::from(first), rest))
             })
             .await?;
+        let first = futures::stream::iter((!first.is_empty()).then_some(Ok(first)));
+        if !rest {
+            return Ok(first.boxed());
+        }
         let reader = tokio::fs::File::from_std(file);
-        Ok(ReaderStream::with_capacity(reader, DEFAULT_CHUNK_BYTES)
-            .map(move |chunk| chunk.map_err(|error| WorkspaceError::from_io("read", &display, error)))
-            .boxed())
+        let rest = ReaderStream::with_capacity(reader, READ_BLOCK_BYTES)
+            .map(move |chunk| chunk.map_err(|error| WorkspaceError::from_io("read", &display, error)));
+        Ok(first.chain(rest).boxed())
     }
 
     /// Writes a file atomically: the chunks go to `.<name>.berth-tmp-<random>` in the target's
@@ -125,7 +142,11 @@ impl HostFs {
         let (prepared, mut pending) =
             self.blocking(move |root, owner| prepare_write(root, &relative, owner, options.mode)).await?;
         let outcome = async {
-            let mut file = tokio::fs::File::from_std(prepared);
+            // Chunks are gathered into blocks of about WRITE_BLOCK_BYTES and each block goes
+            // to the disk in one trip to the blocking pool (one vectored write, no copy);
+            // the last block, the fsync and the rename share one trip.
+            let mut file = prepared;
+            let mut block = Block::default();
             let mut written: u64 = 0;
             while let Some(chunk) = data.next().await {
                 let chunk = chunk?;
@@ -137,16 +158,31 @@ impl HostFs {
                         max: options.max_bytes,
                     });
                 }
-                file.write_all(&chunk).await.map_err(|error| WorkspaceError::from_io("write", &display, error))?;
                 written = total;
+                block.push(chunk);
+                if block.bytes >= WRITE_BLOCK_BYTES {
+                    let full = std::mem::take(&mut block);
+                    let write_display = display.clone();
+                    file = self
+                        .blocking(move |_root, _owner| {
+                            let mut open = file;
+                            full.write_to(&mut open, &write_display)?;
+                            Ok(open)
+                        })
+                        .await?;
+                }
             }
-            // sync_all flushes tokio's in-flight write first, then fsyncs: the data is on
-            // disk before the rename makes it visible.
-            file.sync_all().await.map_err(|error| WorkspaceError::from_io("fsync", &display, error))?;
-            drop(file);
             let commit = pending.commit_parts();
             let commit_display = display.clone();
-            self.blocking(move |_root, _owner| commit.rename(&commit_display)).await?;
+            self.blocking(move |_root, _owner| {
+                let mut open = file;
+                block.write_to(&mut open, &commit_display)?;
+                // The data is on disk before the rename makes it visible.
+                open.sync_all().map_err(|error| WorkspaceError::from_io("fsync", &commit_display, error))?;
+                drop(open);
+                commit.rename(&commit_display)
+            })
+            .await?;
             Ok(written)
         }
         .await;
@@ -609,6 +645,40 @@ fn temp_name_for(name: &OsStr) -> OsString {
 }
 
 /// The pieces needed to publish a finished temp file.
+/// Chunks of a write waiting for one trip to the disk.
+#[derive(Default)]
+struct Block {
+    chunks: Vec<Bytes>,
+    bytes: usize,
+}
+
+impl Block {
+    fn push(&mut self, chunk: Bytes) {
+        // An empty chunk adds nothing, and a vectored write of nothing but empty slices
+        // writes 0 bytes, which would read as a full disk.
+        if chunk.is_empty() {
+            return;
+        }
+        self.bytes += chunk.len();
+        self.chunks.push(chunk);
+    }
+
+    /// Writes every chunk, in order, with as few vectored writes as the kernel allows.
+    fn write_to(self, file: &mut std::fs::File, display: &str) -> Result<()> {
+        let mut slices: Vec<io::IoSlice<'_>> = self.chunks.iter().map(|chunk| io::IoSlice::new(chunk)).collect();
+        let mut remaining = &mut slices[..];
+        while !remaining.is_empty() {
+            let written = io::Write::write_vectored(file, remaining)
+                .map_err(|error| WorkspaceError::from_io("write", display, error))?;
+            if written == 0 {
+                return Err(WorkspaceError::from_io("write", display, io::ErrorKind::WriteZero.into()));
+            }
+            io::IoSlice::advance_slices(&mut remaining, written);
+        }
+        Ok(())
+    }
+}
+
 struct Commit {
     parent: Arc<Dir>,
     temp_name: OsString,

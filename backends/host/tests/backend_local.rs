@@ -89,20 +89,32 @@ async fn busybox_suite_really_uses_busybox() {
     }
 }
 
+/// A file comes off the disk in blocks of at most `READ_BLOCK_BYTES` (the node cuts them
+/// to the caller's chunk size): one block for a small file, full blocks then the rest for
+/// a larger one.
 #[tokio::test]
-async fn reads_in_64k_chunks() {
+async fn reads_in_blocks_of_at_most_a_mebibyte() {
+    use berth_backend_host::hostfs::READ_BLOCK_BYTES;
     let (_dir, root) = temp_root();
     let backend = LocalBackend::open(&root).unwrap();
-    let data = vec![7u8; 300 * 1024];
-    backend.write_bytes(&rel("f"), Bytes::from(data.clone()), 0o644).await.unwrap();
-    let mut stream = backend.read_file(&rel("f")).await.unwrap();
-    let mut total = 0;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.unwrap();
-        assert!(chunk.len() <= 64 * 1024, "chunk of {} bytes", chunk.len());
-        total += chunk.len();
+    for (size, expected) in [
+        (300 * 1024, vec![300 * 1024]),
+        (READ_BLOCK_BYTES, vec![READ_BLOCK_BYTES]),
+        (READ_BLOCK_BYTES * 5 / 2, vec![READ_BLOCK_BYTES, READ_BLOCK_BYTES, READ_BLOCK_BYTES / 2]),
+    ] {
+        let data: Vec<u8> = (0..size).map(|index| (index % 253) as u8).collect();
+        backend.write_bytes(&rel("f"), Bytes::from(data.clone()), 0o644).await.unwrap();
+        let mut stream = backend.read_file(&rel("f")).await.unwrap();
+        let mut back = Vec::new();
+        let mut lengths = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.unwrap();
+            lengths.push(chunk.len());
+            back.extend_from_slice(&chunk);
+        }
+        assert_eq!(lengths, expected, "{size} bytes");
+        assert!(back == data, "{size} bytes: content differs");
     }
-    assert_eq!(total, data.len());
 }
 
 #[tokio::test]

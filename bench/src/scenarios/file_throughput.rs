@@ -209,11 +209,10 @@ async fn measure(
                 mode: 0,
             })),
         };
-        // Messages are built before the clock starts: the copy into them is the client's,
-        // not Berth's.
-        let chunks = data
-            .chunks(chunk)
-            .map(|piece| v1::WriteFileRequest { msg: Some(v1::write_file_request::Msg::Chunk(piece.to_vec())) });
+        // Messages are built before the clock starts, as slices of the data (no copy).
+        let chunks = (0..data.len()).step_by(chunk).map(|start| v1::WriteFileRequest {
+            msg: Some(v1::write_file_request::Msg::Chunk(data.slice(start..(start + chunk).min(data.len())))),
+        });
         let commit = berth_proto::convert::write_file_commit(data.len() as u64);
         let messages: Vec<v1::WriteFileRequest> = std::iter::once(header).chain(chunks).chain([commit]).collect();
         let started = Instant::now();

@@ -192,7 +192,10 @@ async fn execute(sandbox: &Sandbox, init_pid: u32, request: &Value) -> Response 
     let env = process_env(&sandbox.env, &string_map(request.get("envs")));
     let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), command_text.to_owned()];
     let mut command = command_in(init_pid, &cwd, &argv, &env);
-    let (reader, writer) = match nix::unistd::pipe() {
+    // Close-on-exec: a process another request forks meanwhile (a long-lived session
+    // command) must not inherit the write end, or this read would wait for that process
+    // to exit and answer 408 (seen as a flaky MCP test). The child gets its copies via dup2.
+    let (reader, writer) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(pair) => pair,
         Err(failure) => return error(500, &format!("pipe: {failure}")),
     };

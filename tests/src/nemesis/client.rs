@@ -95,7 +95,7 @@ impl Clients {
             let mut chunks = client.read_file(request).await?.into_inner();
             let mut data = Vec::new();
             while let Some(chunk) = chunks.next().await {
-                data.extend(chunk?.data);
+                data.extend_from_slice(&chunk?.data);
             }
             Ok(data)
         };

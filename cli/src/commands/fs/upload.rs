@@ -66,7 +66,7 @@ async fn feed(
             return Ok(());
         }
         total += chunk.len() as u64;
-        let message = WriteFileRequest { msg: Some(write_file_request::Msg::Chunk(chunk)) };
+        let message = WriteFileRequest { msg: Some(write_file_request::Msg::Chunk(chunk.into())) };
         if sender.send(message).await.is_err() {
             return Ok(());
         }
