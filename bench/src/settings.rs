@@ -67,7 +67,7 @@ pub struct Tuning {
     /// Repetitions of each file operation [full: 10 small / 3 large; quick: 5 / 2].
     #[arg(long)]
     pub file_repetitions: Option<usize>,
-    /// Workspace records in etcd at each step [full: 1000,10000,100000; quick: 1000,10000].
+    /// Workspace records in etcd at each step [full: 1000,10000,100000,1000000; quick: 1000,10000].
     #[arg(long, value_delimiter = ',')]
     pub registry_levels: Option<Vec<usize>>,
     /// GetWorkspace lookups at each step [full: 2000; quick: 500].
@@ -79,7 +79,7 @@ pub struct Tuning {
     /// Transactions in flight when filling the registry.
     #[arg(long, default_value_t = 16)]
     pub registry_write_concurrency: usize,
-    /// Simulated node agents [full: 200; quick: 50].
+    /// Simulated node agents [full: 1000; quick: 50].
     #[arg(long)]
     pub sim_nodes: Option<usize>,
     /// Workspaces each simulated node reports in its heartbeats.
@@ -169,11 +169,11 @@ impl Settings {
             file_repetitions: tuning.file_repetitions.map_or(pick(quick, (10, 3), (5, 2)), |count| (count, count)),
             registry_levels: tuning
                 .registry_levels
-                .unwrap_or_else(|| pick(quick, vec![1000, 10_000, 100_000], vec![1000, 10_000])),
+                .unwrap_or_else(|| pick(quick, vec![1000, 10_000, 100_000, 1_000_000], vec![1000, 10_000])),
             registry_lookups: tuning.registry_lookups.unwrap_or(pick(quick, 2000, 500)),
             registry_batch: tuning.registry_batch,
             registry_write_concurrency: tuning.registry_write_concurrency,
-            sim_nodes: tuning.sim_nodes.unwrap_or(pick(quick, 200, 50)),
+            sim_nodes: tuning.sim_nodes.unwrap_or(pick(quick, 1000, 50)),
             sim_workspaces_per_node: tuning.sim_workspaces_per_node,
             node_duration: tuning.node_duration.unwrap_or(pick(
                 quick,

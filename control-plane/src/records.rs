@@ -260,17 +260,36 @@ pub fn encode<T: Serialize>(record: &T) -> Bytes {
     Bytes::from(serde_json::to_vec(record).unwrap_or_default())
 }
 
+/// The version of a record that starts `{"version":<digits>` followed by `,` or `}` — how
+/// [`encode`] writes every record (its first field) — or `None`.
+fn leading_version(value: &[u8]) -> Option<u32> {
+    let rest = value.strip_prefix(br#"{"version":"#)?;
+    let digits = rest.iter().take_while(|byte| byte.is_ascii_digit()).count();
+    if digits == 0 || !matches!(rest.get(digits), Some(b',' | b'}')) {
+        return None;
+    }
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
 pub fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, RegistryError> {
     #[derive(Deserialize)]
     struct Versioned {
         version: u32,
     }
-    let versioned: Versioned = serde_json::from_slice(value)
-        .map_err(|error| RegistryError::Corrupt { key: key.to_owned(), reason: error.to_string() })?;
-    if versioned.version > RECORD_VERSION {
+    // Records are written with `version` first, so it is read without parsing the record
+    // twice (a replica decodes every record when it starts); anything else is parsed whole.
+    let version = match leading_version(value) {
+        Some(version) => version,
+        None => {
+            serde_json::from_slice::<Versioned>(value)
+                .map_err(|error| RegistryError::Corrupt { key: key.to_owned(), reason: error.to_string() })?
+                .version
+        }
+    };
+    if version > RECORD_VERSION {
         return Err(RegistryError::Corrupt {
             key: key.to_owned(),
-            reason: format!("record version {} is newer than this build's {RECORD_VERSION}", versioned.version),
+            reason: format!("record version {version} is newer than this build's {RECORD_VERSION}"),
         });
     }
     serde_json::from_slice(value)
@@ -302,6 +321,38 @@ mod tests {
         // An invalid workspace id inside a record is refused at decode time.
         let bad = br#"{"version":1,"session_id":"s","user":"u","agent":"a","workspace_id":"../x","created_at_ms":1}"#;
         assert!(decode::<SessionRecord>("k", bad).is_err());
+    }
+
+    /// The version is read from the front of a record as `encode` writes it, and from
+    /// anywhere in it otherwise: a newer record is refused either way, naming its version.
+    #[test]
+    fn a_record_newer_than_this_build_is_refused_wherever_its_version_stands() {
+        assert_eq!(leading_version(br#"{"version":1,"x":2}"#), Some(1));
+        assert_eq!(leading_version(br#"{"version":17}"#), Some(17));
+        for other in
+            [&br#"{"version":1x}"#[..], br#"{"version":}"#, br#"{ "version":1}"#, br#"{"version":99999999999}"#, b""]
+        {
+            assert_eq!(leading_version(other), None, "{}", String::from_utf8_lossy(other));
+        }
+        let newer = RECORD_VERSION + 1;
+        let front = format!(
+            r#"{{"version":{newer},"session_id":"s","user":"u","agent":"a","workspace_id":"ws-1","created_at_ms":1}}"#
+        );
+        let back = format!(
+            r#"{{"session_id":"s","user":"u","agent":"a","workspace_id":"ws-1","created_at_ms":1,"version":{newer}}}"#
+        );
+        for value in [front, back] {
+            match decode::<SessionRecord>("k", value.as_bytes()) {
+                Err(RegistryError::Corrupt { reason, .. }) => {
+                    assert!(reason.contains(&format!("record version {newer} is newer")), "{reason}")
+                }
+                other => panic!("{value}: {other:?}"),
+            }
+        }
+        let current = format!(
+            r#"{{"session_id":"s","user":"u","agent":"a","workspace_id":"ws-1","created_at_ms":1,"version":{RECORD_VERSION}}}"#
+        );
+        assert_eq!(decode::<SessionRecord>("k", current.as_bytes()).unwrap().session_id, "s");
     }
 
     /// The node's clock never meets the replica's: a node an hour behind (or ahead) that

@@ -45,6 +45,7 @@ macro_rules! registry_suite {
                 put_get_delete,
                 key_metadata_tracks_writes,
                 range_is_sorted_and_pages,
+                a_page_of_large_records_is_returned_whole,
                 revisions_strictly_increase,
                 create_if_absent_creates_once,
                 create_if_absent_race_has_one_winner,

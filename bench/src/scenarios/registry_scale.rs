@@ -1,4 +1,4 @@
-//! `registry-scale`: a replica over 1k, 10k, 100k workspace records. The records are
+//! `registry-scale`: a replica over 1k, 10k, 100k, 1M workspace records. The records are
 //! written straight into etcd in the real format (`records::encode(WorkspaceRecord)` under
 //! the cluster's key prefix), then a fresh replica is started at each step and measured:
 //! start-up (process start to health SERVING; the replica lists and watches the prefix
@@ -13,6 +13,7 @@ use berth_control_plane::keys::Keys;
 use berth_control_plane::records::{self, RECORD_VERSION, StoredState, WorkspaceRecord};
 use berth_control_plane::registry::etcd::EtcdRegistry;
 use berth_control_plane::registry::{Registry, Txn, TxnOp};
+use berth_control_plane::view;
 use berth_proto::v1;
 use berth_tests::berth::{BerthProcess, is_serving};
 use berth_tests::etcd::EtcdProcess;
@@ -258,22 +259,25 @@ async fn measure_level(
     Ok(vec![startup, lookup, memory])
 }
 
-/// What a replica must at least do at start, done in this process: list the prefix in pages
-/// of 1000 (as the view does) and decode every record.
+/// What a replica must at least do at start, done in this process: list the prefix in the
+/// view's page sizes (`view::next_page_limit`: 1000, then growing) and decode every record,
+/// one page after the other (the view fetches the next page while it decodes).
 async fn list_and_decode(registry: &Arc<EtcdRegistry>, prefix: &str, expected: usize) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let mut after = String::new();
     let mut decoded = 0usize;
+    let mut limit = view::LIST_PAGE;
     loop {
-        let page = registry.range_page(prefix, &after, 1000).await?;
+        let page = registry.range_page(prefix, &after, limit).await?;
         for kv in &page.kvs {
             records::decode::<WorkspaceRecord>(&kv.key, &kv.value)?;
             decoded += 1;
         }
         match page.kvs.last() {
-            Some(last) if page.kvs.len() == 1000 => after = last.key.clone(),
+            Some(last) if page.kvs.len() == limit => after = last.key.clone(),
             _ => break,
         }
+        limit = view::next_page_limit(limit, view::page_bytes(&page.kvs));
     }
     let elapsed = started.elapsed();
     anyhow::ensure!(decoded == expected, "listed {decoded} records, wrote {expected}");

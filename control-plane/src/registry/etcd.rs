@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, CompactionOptions, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper, WatchOptions,
+    Client, CompactionOptions, ConnectOptions, GetOptions, KvClient, LeaseKeepAliveStream, LeaseKeeper, WatchClient,
+    WatchOptions,
 };
 
 use self::call::{AttemptError, CallPolicy, ErrorContext, Retry, with_retries};
@@ -26,6 +27,12 @@ use crate::registry::{
 /// Open keep-alive streams kept beyond this many are closed after use instead of cached, so
 /// leases that are abandoned without a revoke cannot pile up streams.
 const MAX_CACHED_KEEPERS: usize = 1024;
+
+/// The largest etcd response a replica decodes. A listing's pages are sized to about
+/// `view::LIST_PAGE_BYTES`, but the first page (1000 records) is sized before any record
+/// is seen, and a whole-prefix range is as large as the prefix; etcd itself sends up to
+/// 2 GiB.
+const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
 
 #[derive(Clone, Debug)]
 pub struct EtcdConfig {
@@ -96,6 +103,19 @@ pub struct EtcdRegistry {
 }
 
 impl EtcdRegistry {
+    /// A KV client that decodes responses up to [`MAX_RESPONSE_BYTES`]: a page of records
+    /// (or a whole-prefix range) is as large as its records make it, and gRPC's default
+    /// 4 MiB limit refused a page of 1000 records of 4 KiB or more (a spec with a big env),
+    /// which kept a replica from listing its registry and so from starting.
+    fn kv(&self) -> KvClient {
+        self.client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    /// A watch client under the same limit (a watch catching up may batch many events).
+    fn watches(&self) -> WatchClient {
+        self.client.watch_client().max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
     /// Connects and checks that the cluster answers a linearizable read, so a replica with
     /// a wrong endpoint fails at start instead of at its first request.
     pub async fn connect(config: EtcdConfig) -> Result<Arc<Self>> {
@@ -138,7 +158,7 @@ impl EtcdRegistry {
     pub async fn compact(&self, revision: i64) -> Result<()> {
         let context = ErrorContext { revision, ..ErrorContext::default() };
         with_retries(self.policy, "compact", Retry::Idempotent, context, || {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             async move {
                 kv.compact(revision, Some(CompactionOptions::new().with_physical())).await?;
                 Ok(())
@@ -193,7 +213,7 @@ impl Registry for EtcdRegistry {
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         with_retries(self.policy, "get", Retry::Idempotent, ErrorContext::default(), || {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             async move {
                 let response = kv.get(key, None).await?;
                 Ok(response.kvs().first().map(convert::key_value).transpose()?)
@@ -207,7 +227,7 @@ impl Registry for EtcdRegistry {
         let end = convert::prefix_end(prefix.as_bytes());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         with_retries(self.policy, "range", Retry::Idempotent, ErrorContext::default(), || {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             // etcd returns keys in ascending order without a sort option, and applies the
             // limit in that order.
             let options = GetOptions::new().with_range(end.clone()).with_limit(limit);
@@ -227,7 +247,7 @@ impl Registry for EtcdRegistry {
         let context = ErrorContext { lease: convert::first_lease(&txn), ..ErrorContext::default() };
         let request = convert::txn(&txn);
         with_retries(self.policy, "txn", retry, context, || {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             let request = request.clone();
             async move {
                 let response = kv.txn(request).await?;
@@ -303,7 +323,7 @@ impl EtcdRegistry {
             Retry::Idempotent,
             ErrorContext { revision: start_revision, ..ErrorContext::default() },
             || {
-                let mut watches = self.client.watch_client();
+                let mut watches = self.watches();
                 async move {
                     let mut options = WatchOptions::new().with_prefix().with_start_revision(start_revision.max(0));
                     if progress.is_some() {

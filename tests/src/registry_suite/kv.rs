@@ -93,6 +93,28 @@ pub async fn range_is_sorted_and_pages(case: Case) {
     assert!(empty.revision >= last_revision);
 }
 
+/// A page is as large as its records make it: 1000 records of 12 KiB (a workspace whose
+/// spec carries a big env; 12 MB in all, past gRPC's default 4 MiB message limit) come
+/// back in one page, and a whole-prefix range returns them too. A replica lists its
+/// registry in such pages before it serves: a page it cannot decode would keep it from
+/// starting.
+pub async fn a_page_of_large_records_is_returned_whole(case: Case) {
+    let registry = &case.registry;
+    let dir = case.key("large/");
+    let value = Bytes::from(vec![b'x'; 12 * 1024]);
+    // 100 puts of 12 KiB per transaction: under etcd's default 128 operations and
+    // 1.5 MiB request.
+    for batch in (0..1000).collect::<Vec<usize>>().chunks(100) {
+        let puts = batch.iter().map(|index| TxnOp::put(format!("{dir}{index:04}"), value.clone()));
+        ok("put batch", registry.txn(Txn::new().and_then(puts))).await;
+    }
+    let page = ok("range page of 1000", registry.range_page(&dir, "", 1000)).await;
+    assert_eq!(page.kvs.len(), 1000);
+    assert!(page.kvs.iter().all(|kv| kv.value.len() == value.len()), "values came back whole");
+    let all = ok("range of the prefix", registry.range(&dir)).await;
+    assert_eq!(all.kvs.len(), 1000);
+}
+
 pub async fn revisions_strictly_increase(case: Case) {
     let registry = &case.registry;
     let mut previous = ok("range", registry.range(&case.prefix)).await.revision;
