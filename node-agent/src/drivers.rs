@@ -40,11 +40,16 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
                 Arc::new(BubblewrapDriver::new(bubblewrap).await?)
             }
             "docker" => {
-                let docker = DockerConfig {
+                let mut docker = DockerConfig {
                     default_image: config.docker_image.clone(),
                     network: config.sandbox_network(),
                     ..DockerConfig::new(&config.node_id)
                 };
+                // `--no-supervisor` turns off both backends' supervisors (every Docker
+                // command is then a Docker exec: needed with an engine on another host).
+                if !config.bubblewrap.supervisor {
+                    docker.supervisor = None;
+                }
                 Arc::new(DockerDriver::connect(docker).await?)
             }
             other if crate::cloud::CLOUD_BACKENDS.contains(&other) => {

@@ -20,6 +20,12 @@ pub fn connection_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(owned_pair(ours, theirs))
 }
 
+/// A close-on-exec pipe: (read end, write end).
+pub fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = sys::pipe_cloexec()?;
+    Ok(owned_pair(read, write))
+}
+
 fn owned_pair(first: i32, second: i32) -> (OwnedFd, OwnedFd) {
     // SAFETY: both fds were just created by socketpair(2) and are owned by nobody else.
     #[allow(unsafe_code)]

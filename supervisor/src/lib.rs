@@ -2,8 +2,9 @@
 //! commands inside the already-built sandbox on request, so an exec costs a fork and an
 //! exec instead of building namespaces and mounts again.
 //!
-//! This library is the node agent's side: the wire format ([`wire`]) and the few socket
-//! calls std lacks ([`client`]). The binary (`main.rs`, [`wire`] plus `serve.rs`,
+//! This library is the node agent's side: the wire format ([`wire`]), the few socket
+//! calls std lacks ([`client`]), one exec over a control socket ([`node`]) and the
+//! binary itself ([`BINARY`]). The binary (`main.rs`, [`wire`] plus `serve.rs`,
 //! `shim.rs`, `sys.rs`) depends on nothing but std, so the backends' build scripts compile
 //! it with plain `rustc` and embed it.
 //!
@@ -25,5 +26,11 @@
 //! the same uid cannot ptrace them or open their fds.
 
 pub mod client;
+pub mod node;
 mod sys;
 pub mod wire;
+
+/// The supervisor binary, compiled by `build.rs` (static, stripped, std only): every
+/// binary that links a backend which runs supervisors carries the one it starts, with no
+/// install step and no path to find at run time.
+pub static BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/berth-supervisor"));

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use super::shim;
+use super::shim::{self, Env};
 use super::sys;
 use super::wire;
 
@@ -15,6 +15,8 @@ use super::wire;
 /// messages wake it at once).
 const TICK_MS: i32 = 1000;
 
+/// Serves the control socket inherited at `control` (bubblewrap): the node agent closing
+/// it ends the supervisor, and with it the sandbox.
 pub fn run(control: RawFd, idle: Duration) -> ! {
     // The node passed the control socket at a fixed number and our own binary beside it;
     // nothing else we inherited may reach a command.
@@ -31,6 +33,39 @@ pub fn run(control: RawFd, idle: Duration) -> ! {
         eprintln!("berth-supervisor: cannot signal readiness: {error}");
         sys::exit_now(1);
     }
+    serve(control, idle, Env::Exact)
+}
+
+/// Connects to the node agent's socket at `path` (a container: started by `docker exec`,
+/// with the socket on a read-only mount) and serves that connection; the node agent
+/// closing it ends the supervisor (its running commands' shims live on and finish them).
+/// Stdin, stdout and stderr become `/dev/null` once connected.
+pub fn run_connected(path: &str, idle: Duration) -> ! {
+    sys::close_all_from(3, -1);
+    let Ok(path) = std::ffi::CString::new(path) else {
+        eprintln!("berth-supervisor: the socket path holds a NUL");
+        sys::exit_now(2);
+    };
+    let control =
+        sys::set_undumpable().and_then(|()| sys::set_child_subreaper()).and_then(|()| sys::connect_unix(&path));
+    let control = match control {
+        Ok(control) => control,
+        Err(error) => {
+            eprintln!("berth-supervisor: cannot connect to {}: {error}", path.to_string_lossy());
+            sys::exit_now(1);
+        }
+    };
+    if let Err(error) = sys::send_with_fds(control, &[wire::READY], &[]) {
+        eprintln!("berth-supervisor: cannot signal readiness: {error}");
+        sys::exit_now(1);
+    }
+    for fd in 0..3 {
+        let _ = sys::null_onto(fd);
+    }
+    serve(control, idle, Env::OverOwn)
+}
+
+fn serve(control: RawFd, idle: Duration, env: Env) -> ! {
     let mut shims: HashSet<sys::pid_t> = HashSet::new();
     let mut idle_since = Instant::now();
     loop {
@@ -50,10 +85,10 @@ pub fn run(control: RawFd, idle: Duration) -> ! {
             idle_since = Instant::now();
         }
         if fds[0].revents != 0 {
-            match accept_spawns(control, &mut shims) {
+            match accept_spawns(control, &mut shims, env) {
                 Ok(()) => idle_since = Instant::now(),
-                // The node agent closed its end: nobody will ever ask again. Exiting takes
-                // the pid namespace, and with it every command, down.
+                // The node agent closed its end: nobody will ever ask again. In a bwrap
+                // sandbox, exiting takes the pid namespace, and every command, down.
                 Err(Gone) => sys::exit_now(0),
             }
         }
@@ -66,7 +101,7 @@ pub fn run(control: RawFd, idle: Duration) -> ! {
 struct Gone;
 
 /// Forks a shim for every spawn message queued.
-fn accept_spawns(control: RawFd, shims: &mut HashSet<sys::pid_t>) -> Result<(), Gone> {
+fn accept_spawns(control: RawFd, shims: &mut HashSet<sys::pid_t>, env: Env) -> Result<(), Gone> {
     loop {
         let mut byte = [0u8; 1];
         let (len, fds) = match sys::recv_with_fds(control, &mut byte) {
@@ -88,7 +123,7 @@ fn accept_spawns(control: RawFd, shims: &mut HashSet<sys::pid_t>) -> Result<(), 
         match sys::fork_process() {
             Ok(0) => {
                 sys::close_fd(control);
-                shim::run(connection, [stdin, stdout, stderr])
+                shim::run(connection, [stdin, stdout, stderr], env)
             }
             Ok(pid) => {
                 shims.insert(pid);

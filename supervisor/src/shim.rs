@@ -12,8 +12,18 @@ use super::wire::{Reply, Request, Stage};
 /// before 5.3).
 const FALLBACK_POLL_MS: i32 = 5;
 
+/// How a command's environment is made from its request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Env {
+    /// Exactly the request's.
+    Exact,
+    /// The supervisor's own (what the container runtime gives every exec: the image's env,
+    /// `HOME`, `HOSTNAME`), with the request's entries over it.
+    OverOwn,
+}
+
 /// Runs the exec on `connection` with the command's `stdio`; never returns.
-pub fn run(connection: RawFd, stdio: [RawFd; 3]) -> ! {
+pub fn run(connection: RawFd, stdio: [RawFd; 3], env: Env) -> ! {
     // Orphans of the command come here, so the exec can kill them all at its end.
     let _ = sys::set_child_subreaper();
     let Some(request) = read_request(connection) else {
@@ -26,7 +36,7 @@ pub fn run(connection: RawFd, stdio: [RawFd; 3]) -> ! {
         reply(connection, failed(Stage::Tmp, &error));
         sys::exit_now(1)
     }
-    let launch = Launch::new(&request);
+    let launch = Launch::new(&request, env);
     let (report_read, report_write) = match sys::pipe_cloexec() {
         Ok(pipe) => pipe,
         Err(error) => {
@@ -203,7 +213,7 @@ struct Launch {
 }
 
 impl Launch {
-    fn new(request: &Request) -> Self {
+    fn new(request: &Request, env: Env) -> Self {
         // Decoding refused NULs, so these conversions cannot fail.
         let c_string = |bytes: &[u8]| CString::new(bytes.to_vec()).unwrap_or_default();
         let program = &request.argv[0];
@@ -228,7 +238,7 @@ impl Launch {
         Self {
             candidates,
             argv: request.argv.iter().map(|arg| c_string(arg)).collect(),
-            env: request.env.iter().map(|pair| c_string(pair)).collect(),
+            env: environment(request, env).iter().map(|pair| c_string(pair)).collect(),
             cwd: c_string(&request.cwd),
             shell: c_string(std::ffi::OsStr::new("/bin/sh").as_bytes()),
         }
@@ -280,6 +290,22 @@ impl Launch {
         }
         (Stage::Exec, last)
     }
+}
+
+/// The command's `NAME=VALUE` entries: the request's, over the supervisor's own for
+/// [`Env::OverOwn`] (each name once, the request's value winning).
+fn environment(request: &Request, env: Env) -> Vec<Vec<u8>> {
+    if env == Env::Exact {
+        return request.env.clone();
+    }
+    let name = |pair: &[u8]| pair.split(|byte| *byte == b'=').next().unwrap_or_default().to_vec();
+    let asked: std::collections::HashSet<Vec<u8>> = request.env.iter().map(|pair| name(pair)).collect();
+    let mut merged: Vec<Vec<u8>> = std::env::vars_os()
+        .filter(|(key, _)| !asked.contains(key.as_bytes()))
+        .map(|(key, value)| [key.as_bytes(), b"=", value.as_bytes()].concat())
+        .collect();
+    merged.extend(request.env.iter().cloned());
+    merged
 }
 
 /// A NULL-terminated pointer array into `strings`.

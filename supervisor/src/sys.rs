@@ -45,6 +45,12 @@ pub struct pollfd {
 }
 
 #[repr(C)]
+struct sockaddr_un {
+    sun_family: u16,
+    sun_path: [u8; 108],
+}
+
+#[repr(C)]
 struct rlimit {
     rlim_cur: u64,
     rlim_max: u64,
@@ -98,6 +104,9 @@ unsafe extern "C" {
     ) -> c_int;
     fn getpid() -> pid_t;
     fn sigprocmask(how: c_int, set: *const c_void, old: *mut c_void) -> c_int;
+    fn socket(domain: c_int, kind: c_int, protocol: c_int) -> c_int;
+    fn connect(fd: c_int, address: *const sockaddr_un, len: u32) -> c_int;
+    fn open(path: *const c_char, flags: c_int, ...) -> c_int;
 }
 
 pub const SIGKILL: c_int = 9;
@@ -129,7 +138,11 @@ const F_SETFD: c_int = 2;
 const FD_CLOEXEC: c_int = 1;
 const PR_SET_PDEATHSIG: c_int = 1;
 const PR_SET_DUMPABLE: c_int = 4;
+const PR_CAPBSET_READ: c_int = 23;
 const PR_CAPBSET_DROP: c_int = 24;
+const O_RDWR: c_int = 2;
+const EPERM: i32 = 1;
+const EINVAL: i32 = 22;
 const PR_SET_CHILD_SUBREAPER: c_int = 36;
 const PR_CAP_AMBIENT: c_int = 47;
 const PR_CAP_AMBIENT_CLEAR_ALL: c_ulong = 4;
@@ -464,15 +477,25 @@ pub fn die_with_parent() -> io::Result<()> {
     check(unsafe { prctl(PR_SET_PDEATHSIG, SIGKILL as c_ulong, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong) }).map(drop)
 }
 
-/// Drops every capability: the bounding set (needs `CAP_SETPCAP`), the ambient set, then
+/// Drops every capability: the bounding set (needs `CAP_SETPCAP` unless it is empty), the ambient set, then
 /// effective, permitted and inheritable. After it the process holds exactly what bwrap's
 /// `--cap-drop ALL` leaves a command: nothing.
 pub fn drop_all_capabilities() -> io::Result<()> {
     for capability in 0..=CAP_LAST_TRIED {
         // SAFETY: prctl with integer arguments; EINVAL past the last capability.
         let dropped = unsafe { prctl(PR_CAPBSET_DROP, capability, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong) };
-        if dropped < 0 && errno() != 22 {
-            return Err(io::Error::from_raw_os_error(errno()));
+        if dropped < 0 {
+            match errno() {
+                EINVAL => {}
+                // No CAP_SETPCAP (a container started with every capability dropped):
+                // fine exactly when the capability is already outside the bounding set
+                // (0) or past the kernel's last one (-1, EINVAL).
+                // SAFETY: prctl with integer arguments.
+                EPERM
+                    if unsafe { prctl(PR_CAPBSET_READ, capability, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong) } <= 0 => {
+                }
+                other => return Err(io::Error::from_raw_os_error(other)),
+            }
         }
     }
     // SAFETY: prctl with integer arguments.
@@ -529,4 +552,36 @@ pub fn own_pid() -> pid_t {
 pub fn decode_status(status: c_int) -> (Option<i32>, Option<i32>) {
     let signal = status & 0x7f;
     if signal == 0 { (Some((status >> 8) & 0xff), None) } else { (None, Some(signal)) }
+}
+
+/// A close-on-exec Unix stream socket connected to `path`.
+pub fn connect_unix(path: &CStr) -> io::Result<RawFd> {
+    let bytes = path.to_bytes();
+    let mut address = sockaddr_un { sun_family: AF_UNIX as u16, sun_path: [0; 108] };
+    if bytes.len() >= address.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(EINVAL));
+    }
+    address.sun_path[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: plain call.
+    let fd = check(unsafe { socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0) })?;
+    // SAFETY: address is a valid sockaddr_un of the given size.
+    if let Err(error) = check(unsafe { connect(fd, &address, std::mem::size_of::<sockaddr_un>() as u32) }) {
+        close_fd(fd);
+        return Err(error);
+    }
+    Ok(fd)
+}
+
+/// Puts `/dev/null` on `target` (0, 1 or 2), so that fd number stays taken.
+pub fn null_onto(target: RawFd) -> io::Result<()> {
+    // SAFETY: a constant C string.
+    let fd = check(unsafe { open(c"/dev/null".as_ptr(), O_RDWR | O_CLOEXEC) })?;
+    if fd == target {
+        // O_CLOEXEC on a standard fd would close it in every command: clear it again.
+        // SAFETY: F_SETFD takes an int.
+        return check(unsafe { fcntl(fd, F_SETFD, 0) }).map(drop);
+    }
+    let moved = dup_onto(fd, target);
+    close_fd(fd);
+    moved
 }

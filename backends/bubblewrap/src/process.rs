@@ -23,9 +23,6 @@ use tokio::process::Child;
 use berth_workspace::backend::{ExitInfo, ProcessControl};
 use berth_workspace::error::{Result, WorkspaceError};
 
-/// Highest signal number bwrap may fold into an exit status (SIGRTMAX on Linux).
-const MAX_SIGNAL: i32 = 64;
-
 /// One live process of a workspace.
 #[derive(Debug)]
 enum Live {
@@ -54,12 +51,6 @@ impl LiveProcesses {
     fn register(&self, group: Pid) -> u64 {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(key, Live::Sandbox(group));
-        key
-    }
-
-    pub(super) fn register_supervised(&self, killed: Arc<AtomicBool>) -> u64 {
-        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(key, Live::Supervised(killed));
         key
     }
 
@@ -179,25 +170,17 @@ pub(super) fn kill_tree(group: Pid) -> Result<()> {
     Ok(())
 }
 
-/// bwrap exits with 128+n when its command dies of signal n (it cannot die of it itself);
-/// undo that, so a sandboxed `kill -9 $$` reads like it does on the host. The price: a
-/// command that calls `exit(137)` on purpose is reported as killed by SIGKILL too.
-pub fn unfold_exit(code: Option<i32>, signal: Option<i32>) -> ExitInfo {
-    match code {
-        Some(code) if code > 128 && code <= 128 + MAX_SIGNAL => ExitInfo { code: None, signal: Some(code - 128) },
-        _ => ExitInfo { code, signal },
+/// Supervised commands are tracked with their kill flag.
+impl berth_supervisor::node::ExecTracker for LiveProcesses {
+    fn register(&self, killed: Arc<AtomicBool>) -> u64 {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(key, Live::Supervised(killed));
+        key
+    }
+
+    fn forget(&self, key: u64) {
+        LiveProcesses::forget(self, key);
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signals_are_unfolded() {
-        assert_eq!(unfold_exit(Some(137), None), ExitInfo { code: None, signal: Some(9) });
-        assert_eq!(unfold_exit(Some(128), None), ExitInfo { code: Some(128), signal: None });
-        assert_eq!(unfold_exit(Some(255), None), ExitInfo { code: Some(255), signal: None });
-        assert_eq!(unfold_exit(None, Some(9)), ExitInfo { code: None, signal: Some(9) });
-    }
-}
+pub use berth_supervisor::node::unfold_exit;

@@ -35,31 +35,26 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{Seek as _, SeekFrom, Write as _};
-use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt as _;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use nix::fcntl::{FcntlArg, OFlag, SealFlag, fcntl};
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use nix::unistd::Pid;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, Interest};
+use tokio::io::AsyncReadExt as _;
 use tokio::net::UnixStream;
-use tokio::net::unix::pipe;
 use tokio::process::Child;
 
 use super::launch::Launcher;
-use super::process::{LiveProcesses, kill_tree, unfold_exit};
-use berth_supervisor::client;
-use berth_supervisor::wire::{self, Reply, Request, Stage};
-use berth_workspace::backend::{ExitInfo, ProcessControl, Spawned};
+use super::process::{LiveProcesses, kill_tree};
+use berth_supervisor::wire::{self, Request};
+use berth_supervisor::{client, node};
+use berth_workspace::backend::Spawned;
 use berth_workspace::error::{Result, WorkspaceError};
 
-/// The supervisor binary, compiled by `build.rs`.
-static SUPERVISOR_BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/berth-supervisor"));
 /// How long a fresh supervisor may take to say it is ready.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Spawns sent to a supervisor that turned out to be gone before it looked at them.
@@ -83,7 +78,7 @@ impl SupervisorImage {
         let fd = memfd_create(c"berth-supervisor", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
             .map_err(|errno| failed(errno.into()))?;
         let mut file = std::fs::File::from(fd);
-        file.write_all(SUPERVISOR_BINARY).map_err(failed)?;
+        file.write_all(berth_supervisor::BINARY).map_err(failed)?;
         file.seek(SeekFrom::Start(0)).map_err(failed)?;
         let seals = SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
         fcntl(&file, FcntlArg::F_ADD_SEALS(seals)).map_err(|errno| failed(errno.into()))?;
@@ -141,10 +136,9 @@ impl Supervisor {
     /// Starts `request` in the sandbox (starting the supervisor first when none runs);
     /// `start` gives the host command line of a fresh supervisor sandbox.
     pub async fn spawn(&self, request: &Request, start: impl Fn() -> Result<StartLine>) -> Result<Spawned> {
-        let encoded = request.encode();
         for _ in 0..SPAWN_ATTEMPTS {
             let control = self.control(&start).await?;
-            match self.try_spawn(&control, request, &encoded).await? {
+            match node::try_spawn(&control, request, "bubblewrap", self.live.clone()).await? {
                 Some(spawned) => return Ok(spawned),
                 // The supervisor went away before it looked at the request (idle exit,
                 // killed): nothing ran; forget it and ask a fresh one.
@@ -152,67 +146,6 @@ impl Supervisor {
             }
         }
         Err(unavailable("the sandbox supervisor went away before it could start the command, several times".into()))
-    }
-
-    /// One attempt; `Ok(None)` when the supervisor was gone before the command started.
-    async fn try_spawn(&self, control: &Arc<UnixStream>, request: &Request, encoded: &[u8]) -> Result<Option<Spawned>> {
-        let io_failed = |op: &'static str| {
-            move |source: std::io::Error| WorkspaceError::Io { op, path: "supervisor".into(), source }
-        };
-        let (ours, theirs) = client::connection_pair().map_err(io_failed("create an exec connection"))?;
-        let (stdin_read, stdin_write) = pipe_pair()?;
-        let (stdout_read, stdout_write) = pipe_pair()?;
-        let (stderr_read, stderr_write) = pipe_pair()?;
-        let fds = [theirs.as_fd(), stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()];
-        let sent =
-            control.async_io(Interest::WRITABLE, || client::send_with_fds(control.as_fd(), &[wire::SPAWN], &fds)).await;
-        if let Err(error) = sent {
-            return if is_gone(&error) { Ok(None) } else { Err(io_failed("send a spawn to the supervisor")(error)) };
-        }
-        // The kernel holds the passed fds now; ours go, so end of file reaches both sides.
-        drop((theirs, stdin_read, stdout_write, stderr_write));
-        let stream = std::os::unix::net::UnixStream::from(ours);
-        stream.set_nonblocking(true).map_err(io_failed("set up an exec connection"))?;
-        let mut connection = UnixStream::from_std(stream).map_err(io_failed("set up an exec connection"))?;
-        if let Err(error) = connection.write_all(encoded).await {
-            return if is_gone(&error) { Ok(None) } else { Err(io_failed("send a request to the supervisor")(error)) };
-        }
-        let mut reply = [0u8; wire::REPLY_BYTES];
-        match connection.read_exact(&mut reply).await {
-            Ok(_) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof || is_gone(&error) => return Ok(None),
-            Err(error) => return Err(io_failed("read the supervisor's answer")(error)),
-        }
-        match Reply::decode(&reply) {
-            Some(Reply::Started { .. }) => {}
-            Some(Reply::Retry) => return Ok(None),
-            Some(Reply::Failed { stage, errno }) => return Err(failure(stage, errno, request)),
-            Some(Reply::Exited { .. }) | None => {
-                return Err(WorkspaceError::Backend {
-                    backend: "bubblewrap",
-                    message: "the supervisor answered out of turn".into(),
-                });
-            }
-        }
-        let stdin = pipe::Sender::from_owned_fd(stdin_write).map_err(io_failed("set up stdin"))?;
-        let stdout = pipe::Receiver::from_owned_fd(stdout_read).map_err(io_failed("set up stdout"))?;
-        let stderr = pipe::Receiver::from_owned_fd(stderr_read).map_err(io_failed("set up stderr"))?;
-        let killed = Arc::new(AtomicBool::new(false));
-        let key = self.live.register_supervised(killed.clone());
-        Ok(Some(Spawned {
-            stdin: Box::pin(stdin),
-            stdout: Box::pin(stdout),
-            stderr: Box::pin(stderr),
-            control: Box::new(SupervisedProcess {
-                connection,
-                reply: [0; wire::REPLY_BYTES],
-                filled: 0,
-                exit: None,
-                killed,
-                live: self.live.clone(),
-                key,
-            }),
-        }))
     }
 
     /// The live supervisor's control socket, starting one when none runs.
@@ -261,7 +194,7 @@ impl Supervisor {
             WorkspaceError::Io { op: "watch the supervisor socket", path: "socketpair".into(), source }
         })?;
         let control = Arc::new(control);
-        let ready = tokio::time::timeout(START_TIMEOUT, wait_ready(&control)).await;
+        let ready = tokio::time::timeout(START_TIMEOUT, node::wait_ready(&control)).await;
         match ready {
             Ok(Ok(())) => {
                 tracing::debug!(%group, "sandbox supervisor ready");
@@ -336,139 +269,8 @@ fn first_child(pid: i32) -> Option<i32> {
     listed.split_whitespace().next()?.parse().ok()
 }
 
-async fn wait_ready(control: &UnixStream) -> std::io::Result<()> {
-    let mut byte = [0u8; 1];
-    let read = control.async_io(Interest::READABLE, || client::recv_no_fds(control.as_fd(), &mut byte)).await?;
-    if read == 1 && byte[0] == wire::READY {
-        Ok(())
-    } else {
-        Err(std::io::Error::other("the supervisor exited or said something else than ready"))
-    }
-}
-
-/// A close-on-exec pipe, both ends blocking until the node's end is handed to tokio.
-fn pipe_pair() -> Result<(OwnedFd, OwnedFd)> {
-    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|errno| WorkspaceError::Io {
-        op: "create a pipe",
-        path: "supervisor".into(),
-        source: errno.into(),
-    })
-}
-
-/// The typed error of a command that never ran.
-fn failure(stage: Stage, errno: i32, request: &Request) -> WorkspaceError {
-    let program = String::from_utf8_lossy(request.argv.first().map(Vec::as_slice).unwrap_or_default()).into_owned();
-    let error = std::io::Error::from_raw_os_error(errno);
-    match stage {
-        Stage::Exec if errno == nix::libc::ENOENT && program.contains('/') => {
-            WorkspaceError::SpawnFailed { program, reason: "no such file in the sandbox".into() }
-        }
-        Stage::Exec if errno == nix::libc::ENOENT => {
-            let search_path = String::from_utf8_lossy(&request.search_path);
-            WorkspaceError::SpawnFailed { program, reason: format!("not found in the sandbox's PATH ({search_path})") }
-        }
-        Stage::Exec => WorkspaceError::SpawnFailed { program, reason: error.to_string() },
-        Stage::Chdir => {
-            WorkspaceError::SpawnFailed { program, reason: format!("cannot enter the working directory: {error}") }
-        }
-        other => WorkspaceError::Backend {
-            backend: "bubblewrap",
-            message: format!("the supervisor could not start the command ({}): {error}", other.describe()),
-        },
-    }
-}
-
-/// The supervisor or the exec's shim is gone (a send to a closed socket).
-fn is_gone(error: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{BrokenPipe, ConnectionRefused, ConnectionReset, NotConnected};
-    matches!(error.kind(), BrokenPipe | ConnectionReset | ConnectionRefused | NotConnected)
-}
-
 fn unavailable(reason: String) -> WorkspaceError {
     WorkspaceError::BackendUnavailable { backend: "bubblewrap", reason }
-}
-
-/// A command started by the supervisor: its exit arrives on the exec's connection.
-struct SupervisedProcess {
-    connection: UnixStream,
-    /// The `Exited` reply read so far (kept here so `wait` is cancel-safe).
-    reply: [u8; wire::REPLY_BYTES],
-    filled: usize,
-    exit: Option<ExitInfo>,
-    /// Set by `kill` and by the backend's `kill_all`: a supervisor that vanishes after it
-    /// is a kill that worked, not an error.
-    killed: Arc<AtomicBool>,
-    live: Arc<LiveProcesses>,
-    key: u64,
-}
-
-#[async_trait]
-impl ProcessControl for SupervisedProcess {
-    async fn wait(&mut self) -> Result<ExitInfo> {
-        if let Some(exit) = self.exit {
-            return Ok(exit);
-        }
-        while self.filled < self.reply.len() {
-            // One read per poll: cancel-safe, progress is in `self`.
-            let read = self.connection.read(&mut self.reply[self.filled..]).await;
-            match read {
-                Ok(0) | Err(_) => {
-                    let exit = if self.killed.load(Ordering::SeqCst) {
-                        ExitInfo { code: None, signal: Some(nix::libc::SIGKILL) }
-                    } else {
-                        self.live.forget(self.key);
-                        return Err(WorkspaceError::Backend {
-                            backend: "bubblewrap",
-                            message: "the sandbox supervisor died while the command ran; the next exec starts a \
-                                      fresh one"
-                                .into(),
-                        });
-                    };
-                    return Ok(self.finish(exit));
-                }
-                Ok(read) => self.filled += read,
-            }
-        }
-        match Reply::decode(&self.reply) {
-            // Folded like a per-exec sandbox's status (bwrap reports a command killed by
-            // signal n as 128+n, which `unfold_exit` undoes), so a command reads the same
-            // with and without the supervisor: `sh -c` whose child was OOM-killed (137)
-            // is SIGKILL either way.
-            Some(Reply::Exited { code, signal }) => Ok(self.finish(unfold_exit(code, signal))),
-            _ => Err(WorkspaceError::Backend {
-                backend: "bubblewrap",
-                message: "the supervisor sent a malformed exit".into(),
-            }),
-        }
-    }
-
-    async fn kill(&mut self) -> Result<()> {
-        if self.exit.is_some() {
-            return Ok(());
-        }
-        self.killed.store(true, Ordering::SeqCst);
-        // A full or closed connection both mean the shim is past caring; dropping the
-        // connection would kill too, but `wait` still needs it.
-        let _ = self.connection.try_write(&[wire::KILL]);
-        Ok(())
-    }
-}
-
-impl SupervisedProcess {
-    fn finish(&mut self, exit: ExitInfo) -> ExitInfo {
-        self.exit = Some(exit);
-        self.live.forget(self.key);
-        exit
-    }
-}
-
-impl Drop for SupervisedProcess {
-    /// Dropping the connection is the kill (the shim sees end of file).
-    fn drop(&mut self) {
-        if self.exit.is_none() {
-            self.live.forget(self.key);
-        }
-    }
 }
 
 /// The bytes of a sandbox path for a request.

@@ -1,5 +1,7 @@
 //! Configuration of the Docker driver, and the names and labels of its containers.
 
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -19,6 +21,12 @@ pub const DEFAULT_IMAGE: &str = "berth/base:latest";
 pub const NODE_LABEL: &str = "berth.node.id";
 /// Label holding the workspace id a container serves.
 pub const WORKSPACE_LABEL: &str = "berth.workspace.id";
+/// Label of a container made with the supervisor's mounts (value `1`).
+pub const SUPERVISOR_LABEL: &str = "berth.supervisor";
+/// Host directory of the supervisor binary and the containers' socket directories.
+pub const DEFAULT_SUPERVISOR_DIR: &str = "/run/berth/docker-supervisor";
+/// How long an idle supervisor lives on in its container.
+pub const DEFAULT_SUPERVISOR_IDLE: Duration = Duration::from_secs(300);
 /// Label holding the host directory mounted at `/workspace` (to notice a moved data dir).
 pub const ROOT_LABEL: &str = "berth.workspace.root";
 /// Prefix of the spec's own labels on the container.
@@ -59,6 +67,11 @@ pub struct DockerConfig {
     /// network (`none`); pasta gives them outbound access under this policy (see
     /// [`super::network`]).
     pub network: SandboxNetConfig,
+    /// Where the host side of the containers' resident supervisors lives, and how long an
+    /// idle one lives on (`None`: every exec is a Docker exec). Needs a local engine (the
+    /// socket directory is bound into containers). Default: `/run/berth/docker-supervisor`
+    /// for a root agent, none otherwise.
+    pub supervisor: Option<SupervisorLayout>,
 }
 
 impl DockerConfig {
@@ -76,6 +89,9 @@ impl DockerConfig {
             tmp_size_bytes: 64 * 1024 * 1024,
             stop_timeout: Duration::from_secs(5),
             network: SandboxNetConfig::default(),
+            supervisor: nix::unistd::geteuid()
+                .is_root()
+                .then(|| SupervisorLayout { dir: DEFAULT_SUPERVISOR_DIR.into(), idle: DEFAULT_SUPERVISOR_IDLE }),
         }
     }
 
@@ -83,6 +99,17 @@ impl DockerConfig {
         validate_id("node id", &self.node_id)?;
         if self.default_image.is_empty() {
             return Err(WorkspaceError::InvalidArgument("docker default image must not be empty".into()));
+        }
+        if let Some(layout) = &self.supervisor {
+            if !layout.dir.is_absolute() {
+                return Err(WorkspaceError::InvalidArgument(format!(
+                    "docker supervisor directory {} must be absolute",
+                    layout.dir.display()
+                )));
+            }
+            if layout.idle.is_zero() {
+                return Err(WorkspaceError::InvalidArgument("docker supervisor idle time must be positive".into()));
+            }
         }
         if !super::scripts::valid_mount_point(&self.mount_point) {
             return Err(WorkspaceError::InvalidArgument(format!(
@@ -129,9 +156,139 @@ fn sanitize(value: &str, max_chars: usize) -> String {
         .collect()
 }
 
+/// The host side of the supervisor of every container of one driver.
+#[derive(Clone, Debug)]
+pub struct SupervisorLayout {
+    /// `<dir>/bin/berth-supervisor` and `<dir>/run/<container>/`.
+    pub dir: PathBuf,
+    pub idle: Duration,
+}
+
+impl SupervisorLayout {
+    pub fn binary(&self) -> PathBuf {
+        self.dir.join("bin").join("berth-supervisor")
+    }
+
+    pub fn run_dir(&self, container_name: &str) -> PathBuf {
+        self.dir.join("run").join(container_name)
+    }
+
+    /// Writes the supervisor binary (atomically: a started container keeps the file it was
+    /// given) when it is missing or another version.
+    pub fn install_binary(&self) -> Result<()> {
+        let path = self.binary();
+        let failed =
+            |op: &'static str, error: std::io::Error| WorkspaceError::from_io(op, &path.display().to_string(), error);
+        if std::fs::read(&path).is_ok_and(|present| present == berth_supervisor::BINARY) {
+            return Ok(());
+        }
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        std::fs::create_dir_all(dir).map_err(|error| failed("create the supervisor directory", error))?;
+        let temp = dir.join(format!(".berth-supervisor.{}.{:x}", std::process::id(), rand::random::<u64>()));
+        let written = std::fs::write(&temp, berth_supervisor::BINARY)
+            .and_then(|()| std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755)))
+            .and_then(|()| std::fs::rename(&temp, &path));
+        if let Err(error) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(failed("install the supervisor binary", error));
+        }
+        Ok(())
+    }
+
+    /// Makes the container's socket directory: the agent's, mode 0711 (again at every
+    /// provision: `/run` is empty after a reboot, and Docker refuses to start a container
+    /// whose bind source is missing). Whatever else is at that path — a directory of
+    /// another owner (an older agent's), a link, a file — is removed and never reused.
+    pub fn prepare_run_dir(&self, container_name: &str) -> Result<PathBuf> {
+        let dir = self.run_dir(container_name);
+        let failed =
+            |op: &'static str, error: std::io::Error| WorkspaceError::from_io(op, &dir.display().to_string(), error);
+        let found = match std::fs::symlink_metadata(&dir) {
+            Ok(metadata) => Some(metadata),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(error) => return Err(failed("stat the supervisor socket directory", error)),
+        };
+        let ours =
+            found.as_ref().filter(|metadata| metadata.is_dir() && metadata.uid() == nix::unistd::geteuid().as_raw());
+        if ours.is_none() {
+            if let Some(metadata) = &found {
+                // remove_dir_all never follows a link out of the directory.
+                let removed =
+                    if metadata.is_dir() { std::fs::remove_dir_all(&dir) } else { std::fs::remove_file(&dir) };
+                removed.map_err(|error| failed("remove a foreign supervisor socket directory", error))?;
+            }
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(|error| failed("create the supervisor directory", error))?;
+            }
+            // A concurrent provision of the same container may make it first: fine.
+            match std::fs::create_dir(&dir) {
+                Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(failed("create the supervisor socket directory", error));
+                }
+                _ => {}
+            }
+        }
+        let mode = match ours {
+            Some(metadata) => metadata.permissions().mode(),
+            None => std::fs::symlink_metadata(&dir)
+                .map_err(|error| failed("stat the supervisor socket directory", error))?
+                .permissions()
+                .mode(),
+        };
+        if mode & 0o7777 != 0o711 {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                .map_err(|error| failed("chmod the supervisor socket directory", error))?;
+        }
+        Ok(dir)
+    }
+
+    /// Removes a container's socket directory (its container is gone).
+    pub fn remove_run_dir(&self, container_name: &str) {
+        let dir = self.run_dir(container_name);
+        if let Err(error) = std::fs::remove_dir_all(&dir)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), %error, "cannot remove a supervisor socket directory");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_foreign_socket_directory_is_replaced_not_reused() {
+        let base = tempfile::tempdir().unwrap();
+        let layout = SupervisorLayout { dir: base.path().to_path_buf(), idle: DEFAULT_SUPERVISOR_IDLE };
+        let elsewhere = base.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("kept"), b"x").unwrap();
+        let is_ours = |dir: &Path| {
+            let metadata = std::fs::symlink_metadata(dir).unwrap();
+            assert!(metadata.is_dir(), "{} is not a directory", dir.display());
+            assert_eq!(metadata.uid(), nix::unistd::geteuid().as_raw());
+            assert_eq!(metadata.permissions().mode() & 0o7777, 0o711);
+            assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "{} kept foreign entries", dir.display());
+        };
+        // Missing: made.
+        is_ours(&layout.prepare_run_dir("fresh").unwrap());
+        // A link (to a directory of someone else's): replaced, its target untouched.
+        std::fs::create_dir_all(base.path().join("run")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, layout.run_dir("linked")).unwrap();
+        is_ours(&layout.prepare_run_dir("linked").unwrap());
+        assert!(elsewhere.join("kept").exists());
+        // A directory of another owner with entries (an older agent gave it to the
+        // workspace user): replaced. The tests run as root, which may chown.
+        let foreign = layout.run_dir("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        std::fs::write(foreign.join("planted"), b"x").unwrap();
+        std::os::unix::fs::chown(&foreign, Some(1000), Some(1000)).expect("chown (the tests run as root)");
+        is_ours(&layout.prepare_run_dir("foreign").unwrap());
+        // Ours with the wrong mode: kept, mode fixed.
+        std::fs::set_permissions(layout.run_dir("fresh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        is_ours(&layout.prepare_run_dir("fresh").unwrap());
+    }
 
     #[test]
     fn names_are_valid_unique_and_bounded() {

@@ -40,11 +40,14 @@ use berth_workspace::spec::WorkspaceSpec;
 
 use super::backend::DockerBackend;
 use super::config::{BACKEND_NAME, SECRET_HOLDER_USER};
-use super::config::{DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name};
+use super::config::{
+    DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, SUPERVISOR_LABEL, WORKSPACE_LABEL, container_name,
+};
 use super::container::ContainerHandle;
 use super::errors::{docker_error, is_not_found, status_code};
 use super::network;
 use super::scripts::Scripts;
+use super::supervised::{CONTAINER_BINARY, CONTAINER_RUN_DIR, DockerSupervisor};
 
 /// How often a provision that lost the create race looks for the winner's container.
 const CONFLICT_LOOKUPS: usize = 20;
@@ -58,6 +61,8 @@ pub struct DockerDriver {
     user: (u32, u32),
     /// Network namespaces of networked workspaces' containers.
     networks: SandboxNetworks,
+    /// The supervisor of each container made with one, by container id.
+    supervisors: std::sync::Mutex<HashMap<String, Arc<DockerSupervisor>>>,
 }
 
 impl DockerDriver {
@@ -78,9 +83,17 @@ impl DockerDriver {
     /// A driver on an existing client (tests, a remote engine).
     pub fn with_client(docker: Docker, config: DockerConfig) -> Result<Self> {
         config.validate()?;
+        if let Some(layout) = &config.supervisor {
+            layout.install_binary()?;
+        }
         let user = config.effective_user();
         let networks = SandboxNetworks::new(config.network.clone(), BACKEND_NAME);
-        Ok(Self { docker, config, user, networks })
+        Ok(Self { docker, config, user, networks, supervisors: std::sync::Mutex::default() })
+    }
+
+    fn lock_supervisors(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<DockerSupervisor>>> {
+        // Single inserts and removals: a panic cannot leave the map half-updated.
+        self.supervisors.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn config(&self) -> &DockerConfig {
@@ -130,11 +143,11 @@ impl DockerDriver {
         }
     }
 
-    async fn create(&self, context: &ProvisionContext<'_>) -> Result<String> {
+    async fn create(&self, context: &ProvisionContext<'_>, supervised: bool) -> Result<String> {
         let image = self.image_for(context.spec);
         self.ensure_image(&image).await?;
         let name = container_name(&self.config.node_id, context.workspace_id);
-        let body = container_body(&self.config, self.user, context, &image);
+        let body = container_body(&self.config, self.user, context, &image, supervised);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         match self.docker.create_container(Some(options), body).await {
             Ok(created) => {
@@ -226,6 +239,28 @@ impl BackendDriver for DockerDriver {
             WorkspaceError::Backend { backend: BACKEND_NAME, message: format!("preparing the workspace root: {error}") }
         })??;
 
+        let name = container_name(&self.config.node_id, context.workspace_id);
+        let run_dir = match &self.config.supervisor {
+            Some(layout) => {
+                let (layout, name) = (layout.clone(), name.clone());
+                let prepared = tokio::task::spawn_blocking(move || {
+                    // Installed when the driver started; again only if /run was emptied
+                    // since (a reboot), not compared on every provision.
+                    if !layout.binary().exists() {
+                        layout.install_binary()?;
+                    }
+                    layout.prepare_run_dir(&name)
+                })
+                .await
+                .map_err(|error| WorkspaceError::Backend {
+                    backend: BACKEND_NAME,
+                    message: format!("preparing the supervisor directory: {error}"),
+                })??;
+                Some(prepared)
+            }
+            None => None,
+        };
+
         let root_label = context.root.to_string_lossy().into_owned();
         let existing = match self.find(context.workspace_id).await? {
             Some(summary) => {
@@ -237,8 +272,13 @@ impl BackendDriver for DockerDriver {
                 // Containers of older agents had Docker's bridge: the host network's reach.
                 let no_docker_network =
                     summary.host_config.as_ref().and_then(|host| host.network_mode.as_deref()) == Some("none");
+                let supervised = summary
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(SUPERVISOR_LABEL))
+                    .is_some_and(|value| value == "1");
                 match (summary.id, same_root && no_docker_network) {
-                    (Some(id), true) => Some((id, summary.state)),
+                    (Some(id), true) => Some((id, summary.state, supervised)),
                     (Some(id), false) => {
                         // The data directory moved (the old container mounts the wrong one),
                         // or the container has a Docker network.
@@ -251,9 +291,9 @@ impl BackendDriver for DockerDriver {
             }
             None => None,
         };
-        let (id, state) = match existing {
+        let (id, state, supervised) = match existing {
             Some(found) => found,
-            None => (self.create(&context).await?, None),
+            None => (self.create(&context, run_dir.is_some()).await?, None, run_dir.is_some()),
         };
         self.start(&id, state).await?;
         let (pids_limit, pid) = self.inspect_started(&id).await?;
@@ -267,7 +307,19 @@ impl BackendDriver for DockerDriver {
             self.networks.ensure(&name, &owner, Attach::Process(pid)).await?;
         }
 
+        // One per container for the driver's life: every handle of the container (a second
+        // provision's, one an MCP server holds) shares its socket and connection.
+        let supervisor = match (&self.config.supervisor, run_dir) {
+            (Some(layout), Some(run_dir)) if supervised => Some(
+                self.lock_supervisors()
+                    .entry(id.clone())
+                    .or_insert_with(|| Arc::new(DockerSupervisor::new(run_dir, (uid, gid), layout.idle)))
+                    .clone(),
+            ),
+            _ => None,
+        };
         let handle = ContainerHandle {
+            supervisor,
             docker: self.docker.clone(),
             container_name: container_name(&self.config.node_id, context.workspace_id),
             container_id: id,
@@ -299,7 +351,11 @@ impl BackendDriver for DockerDriver {
         for summary in self.list(Some(workspace_id)).await? {
             if let Some(id) = summary.id {
                 self.remove(&id).await?;
+                self.lock_supervisors().remove(&id);
             }
+        }
+        if let Some(layout) = &self.config.supervisor {
+            layout.remove_run_dir(&container_name(&self.config.node_id, workspace_id));
         }
         self.networks.remove_owned(&container_name(&self.config.node_id, workspace_id)).await
     }
@@ -389,6 +445,7 @@ fn container_body(
     (uid, gid): (u32, u32),
     context: &ProvisionContext<'_>,
     image: &str,
+    supervised: bool,
 ) -> ContainerCreateBody {
     let spec = context.spec;
     let mut labels: HashMap<String, String> =
@@ -416,14 +473,23 @@ fn container_body(
         HashMap::from([("/tmp".to_owned(), format!("rw,exec,nosuid,nodev,size={},mode=1777", config.tmp_size_bytes))])
     });
 
+    let bind = |source: String, target: &str, read_only: bool| Mount {
+        target: Some(target.to_owned()),
+        source: Some(source),
+        typ: Some(MountType::BIND),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    let mut mounts = vec![bind(context.root.to_string_lossy().into_owned(), &config.mount_point, false)];
+    if let Some(layout) = config.supervisor.as_ref().filter(|_| supervised) {
+        let name = container_name(&config.node_id, context.workspace_id);
+        mounts.push(bind(layout.binary().to_string_lossy().into_owned(), CONTAINER_BINARY, true));
+        mounts.push(bind(layout.run_dir(&name).to_string_lossy().into_owned(), CONTAINER_RUN_DIR, true));
+        labels.insert(SUPERVISOR_LABEL.to_owned(), "1".to_owned());
+    }
+
     let host_config = HostConfig {
-        mounts: Some(vec![Mount {
-            target: Some(config.mount_point.clone()),
-            source: Some(context.root.to_string_lossy().into_owned()),
-            typ: Some(MountType::BIND),
-            read_only: Some(false),
-            ..Default::default()
-        }]),
+        mounts: Some(mounts),
         // Never a Docker network: a networked workspace gets pasta in this namespace after
         // start, under the node's address policy (see `network`).
         network_mode: Some("none".to_owned()),
@@ -464,7 +530,7 @@ mod tests {
         let workspace_id = WorkspaceId::new("ws-1").unwrap();
         let spec = WorkspaceSpec::default();
         let context = ProvisionContext::unplaced(&workspace_id, Path::new("/data/ws-1"), &spec);
-        let body = container_body(&config, (1000, 1000), &context, "img");
+        let body = container_body(&config, (1000, 1000), &context, "img", false);
         let host = body.host_config.unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
@@ -492,7 +558,7 @@ mod tests {
             ..Default::default()
         };
         let context = ProvisionContext::unplaced(&workspace_id, Path::new("/data/ws-1"), &spec);
-        let host = container_body(&config, (1, 2), &context, "img").host_config.unwrap();
+        let host = container_body(&config, (1, 2), &context, "img", false).host_config.unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.nano_cpus, Some(500_000_000));
         assert_eq!(host.memory, Some(64 << 20));

@@ -2,8 +2,11 @@
 //! (bollard).
 //!
 //! - [`DockerDriver`] (`driver.rs`) creates, starts, stops, removes and adopts containers.
-//! - [`DockerBackend`] (`backend.rs`) implements the three primitives through Docker exec;
+//! - [`DockerBackend`] (`backend.rs`) implements the three primitives through the
+//!   container's supervisor or Docker exec;
 //!   the derived operations come from `posix.rs`.
+//! - `supervised.rs`: the container's resident supervisor, which runs the workspace
+//!   user's execs without a Docker exec each.
 //! - `process.rs`: spawn and kill of exec process trees. `files.rs`: confined, atomic
 //!   file I/O. `scripts/`: the shell side of both.
 //!
@@ -17,15 +20,19 @@ mod config;
 mod container;
 mod driver;
 mod errors;
+mod exec_api;
 mod files;
 mod kill;
 pub mod network;
 mod process;
 mod scripts;
+mod supervised;
 
 pub use backend::DockerBackend;
 pub use config::{
-    BACKEND_NAME, BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DockerConfig, NODE_LABEL, ROOT_LABEL,
-    SECRET_HOLDER_USER, SPEC_LABEL_PREFIX, WORKSPACE_LABEL, container_name,
+    BACKEND_NAME, BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DEFAULT_SUPERVISOR_DIR, DEFAULT_SUPERVISOR_IDLE,
+    DockerConfig, NODE_LABEL, ROOT_LABEL, SECRET_HOLDER_USER, SPEC_LABEL_PREFIX, SUPERVISOR_LABEL, SupervisorLayout,
+    WORKSPACE_LABEL, container_name,
 };
 pub use driver::DockerDriver;
+pub use supervised::{CONTAINER_BINARY, CONTAINER_RUN_DIR, CONTAINER_SOCKET};

@@ -36,7 +36,8 @@ use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
 
 use super::config::SECRET_HOLDER_USER;
-use super::container::{ContainerHandle, OutputStream, exit_code_after_stream, start_exec};
+use super::container::{ContainerHandle, Exec, start_exec};
+use super::exec_api::OutputStream;
 use super::kill::kill_session;
 use super::scripts;
 
@@ -106,7 +107,7 @@ pub(crate) async fn spawn_as(
         }
     };
     cmd.extend(argv);
-    let (exec_id, output, input) = start_exec(container, &user, cmd, env, true).await?;
+    let (exec, output, input) = start_exec(container, &user, cmd, env, true).await?;
 
     let (handshake_sender, handshake_receiver) = oneshot::channel();
     let (stdout_sender, stdout_receiver) = mpsc::channel(CHANNEL_CHUNKS);
@@ -179,7 +180,7 @@ pub(crate) async fn spawn_as(
     let control = DockerControl {
         container: container.clone(),
         user,
-        exec_id,
+        exec,
         pid,
         nonce,
         finished: finished_receiver,
@@ -354,7 +355,7 @@ struct DockerControl {
     container: Arc<ContainerHandle>,
     /// The exec's user: the kill sweep runs as it (only it may signal the processes).
     user: String,
-    exec_id: String,
+    exec: Exec,
     /// Pid of the exec in the container's pid namespace, also its session id.
     pid: u32,
     nonce: String,
@@ -374,7 +375,7 @@ impl ProcessControl for DockerControl {
         // stopped draining them (about 2 s after the exit when an orphan still holds them).
         // A closed channel means the demultiplexer is gone, which also means that.
         let _ = self.finished.wait_for(|done| *done).await;
-        let code = exit_code_after_stream(&self.container.docker, &self.exec_id).await?;
+        let code = self.exec.exit_code(&self.container.docker).await?;
         let status = exit_info(code);
         self.status = Some(status);
         Ok(status)
@@ -384,7 +385,10 @@ impl ProcessControl for DockerControl {
         if self.status.is_some() || self.killed {
             return Ok(());
         }
-        kill_session(&self.container, &self.user, Some(self.pid), &self.nonce).await?;
+        // A supervised command's shim kills its whole tree itself.
+        if !self.exec.kill_supervised().await? {
+            kill_session(&self.container, &self.user, Some(self.pid), &self.nonce).await?;
+        }
         self.killed = true;
         Ok(())
     }
@@ -392,7 +396,8 @@ impl ProcessControl for DockerControl {
 
 impl Drop for DockerControl {
     fn drop(&mut self) {
-        if self.status.is_some() || self.killed {
+        // A supervised command dies with its connection, which is dropped with `exec`.
+        if self.status.is_some() || self.killed || matches!(self.exec, Exec::Supervised(_)) {
             return;
         }
         // Dropped without a completed wait (a cancelled request): the tree must not outlive

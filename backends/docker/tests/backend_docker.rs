@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use berth_backend_docker::{DEFAULT_IMAGE, DockerConfig, DockerDriver, NODE_LABEL};
+use berth_backend_docker::{DEFAULT_IMAGE, DEFAULT_SUPERVISOR_DIR, DockerConfig, DockerDriver, NODE_LABEL};
 use berth_testkit::{Fixture, assert_eventually, rel, sh, sh_ok};
 use berth_workspace::{
     BackendDriver, BackendRef, ExecSpec, ProvisionContext, SpawnSpec, WorkspaceError, WorkspaceId, WorkspaceSpec,
@@ -55,9 +55,15 @@ struct NodeGuard {
 
 impl Drop for NodeGuard {
     fn drop(&mut self) {
-        let listed = docker_cli(&["ps", "-aq", "--filter", &format!("label={NODE_LABEL}={}", self.node_id)]);
-        for id in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+        let filter = format!("label={NODE_LABEL}={}", self.node_id);
+        let listed = docker_cli(&["ps", "-a", "--filter", &filter, "--format", "{{.ID}} {{.Names}}"]);
+        for line in String::from_utf8_lossy(&listed.stdout).lines() {
+            let mut words = line.split_whitespace();
+            let (Some(id), Some(name)) = (words.next(), words.next()) else { continue };
             let _ = docker_cli(&["rm", "-f", "-v", id]);
+            // The container's supervisor socket directory (destroy removes it; a test that
+            // only drops its containers leaves it).
+            let _ = std::fs::remove_dir_all(Path::new(DEFAULT_SUPERVISOR_DIR).join("run").join(name));
         }
     }
 }
@@ -136,6 +142,23 @@ async fn suite_fixture() -> Fixture<Node> {
 
 berth_testkit::backend_suite!(docker, suite_fixture());
 berth_testkit::contract_suite!(docker_contract, suite_fixture());
+
+/// The same suites with every command a Docker exec (`--no-supervisor`, a container of an
+/// older agent, a remote engine).
+async fn exec_suite_fixture() -> Fixture<Node> {
+    let node = Node::with_config(|config| {
+        config.mount_point = SUITE_MOUNT_POINT.to_owned();
+        config.supervisor = None;
+    })
+    .await;
+    let backend = node.provision("ws-suite", &WorkspaceSpec::default()).await;
+    let found = stdout_text(&sh_ok(&*backend, "ls -a /", &[]).await);
+    assert!(!found.lines().any(|name| name == ".berth"), "a container without the supervisor has its mounts: {found}");
+    Fixture::new(backend, node)
+}
+
+berth_testkit::backend_suite!(docker_exec, exec_suite_fixture());
+berth_testkit::contract_suite!(docker_exec_contract, exec_suite_fixture());
 
 fn stdout_text(output: &berth_workspace::ExecOutput) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -216,7 +239,10 @@ async fn fork_bomb_hits_the_pids_limit_and_is_killed() {
     // The container survived, and the bomb's processes are gone.
     assert_eq!(sh_ok(&*backend, "true", &[]).await.exit_code, 0);
     let processes = stdout_text(&sh_ok(&*backend, "ps -o pid,args", &[]).await);
-    assert!(processes.lines().count() <= 5, "bomb processes left: {processes}");
+    // Left: the header, init, sleep, the supervisor and this exec's shim (both run its
+    // binary), and ps.
+    let others = processes.lines().filter(|line| !line.contains(berth_backend_docker::CONTAINER_BINARY)).count();
+    assert!(others <= 4 && !processes.contains("mkfifo"), "bomb processes left: {processes}");
     assert!(node.driver.is_running(&id("ws-forkbomb")).await);
     // A kill that had to lift the limit to start its sweep has set it back.
     let container = node.containers(Some("ws-forkbomb")).remove(0);
@@ -305,6 +331,8 @@ async fn provision_is_idempotent() {
     assert_eq!(node.containers(Some("ws-idem")).len(), 1);
     sh_ok(&*first, "echo shared > f", &[]).await;
     assert_eq!(stdout_text(&sh_ok(&*second, "cat f", &[]).await), "shared\n");
+    // Both handles share the container's one supervisor (and the node's one socket).
+    assert_eq!(supervisor_pid(&first).await, supervisor_pid(&second).await);
     // Concurrent provisions of a new workspace race on the container name; one wins.
     let spec = WorkspaceSpec::default();
     let (left, right) = tokio::join!(node.try_provision("ws-race", &spec), node.try_provision("ws-race", &spec),);
@@ -470,12 +498,123 @@ async fn measure_latencies() {
         assert!(docker_cli(&["exec", &container, "true"]).status.success());
         via_cli.push(started.elapsed());
     }
+    let (via_backend, via_cli) = (median(via_backend), median(via_cli));
     println!(
         "docker latencies (median): provision (create+start) {:?}, exec `true` via backend {:?}, `docker exec true` via CLI {:?}",
         median(provision),
-        median(via_backend),
-        median(via_cli)
+        via_backend,
+        via_cli
     );
+    // Through the container's supervisor an exec is a fork, not a Docker exec (whose
+    // round trips through the daemon cost tens of milliseconds on any machine).
+    assert!(via_backend * 4 < via_cli, "exec via the backend {via_backend:?} is not far below docker exec {via_cli:?}");
+}
+
+// ---- the resident supervisor -------------------------------------------------------------
+
+/// The pid (in the container) of the supervisor that runs this exec: the parent of the
+/// exec's shim, which is the parent of the command.
+const SUPERVISOR_PID: &str = "cut -d' ' -f4 /proc/$PPID/stat";
+
+async fn supervisor_pid(backend: &BackendRef) -> String {
+    let pid = stdout_text(&sh_ok(&**backend, SUPERVISOR_PID, &[]).await).trim().to_owned();
+    assert!(pid.parse::<u32>().is_ok_and(|pid| pid > 1), "not a supervisor pid: {pid:?}");
+    pid
+}
+
+#[tokio::test]
+async fn workspaces_with_ids_of_real_length_get_a_supervisor() {
+    // Real workspace ids are `ws-` and 64 hex digits: the container name, and with it the
+    // socket directory's path, is longer than a socket path may be.
+    let node = Node::new().await;
+    let workspace = format!("ws-{}", "0123456789abcdef".repeat(4));
+    let backend = node.provision(&workspace, &WorkspaceSpec::default()).await;
+    supervisor_pid(&backend).await;
+}
+
+#[tokio::test]
+async fn a_killed_supervisor_spares_running_execs_and_is_started_again() {
+    let node = Node::new().await;
+    let backend = node.provision("ws-supkill", &WorkspaceSpec::default()).await;
+    let first = supervisor_pid(&backend).await;
+    let args = stdout_text(&sh_ok(&*backend, &format!("tr '\\0' ' ' < /proc/{first}/cmdline"), &[]).await);
+    assert!(args.starts_with(berth_backend_docker::CONTAINER_BINARY), "pid {first} runs {args:?}");
+    // A command runs while its supervisor is SIGKILLed (by a command of the workspace: same
+    // user). The command's shim outlives the supervisor and reports the exit.
+    let mut running =
+        backend.spawn(&SpawnSpec::new(vec!["sh".into(), "-c".into(), "read go; echo survived".into()])).await.unwrap();
+    sh_ok(&*backend, &format!("kill -9 {first}"), &[]).await;
+    assert_eventually("the supervisor to be gone", Duration::from_secs(10), || {
+        let backend = backend.clone();
+        let first = first.clone();
+        async move { sh(&*backend, &format!("test -d /proc/{first}"), &[]).await.exit_code != 0 }
+    })
+    .await;
+    use tokio::io::AsyncWriteExt;
+    running.stdin.write_all(b"go\n").await.unwrap();
+    let mut out = String::new();
+    running.stdout.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "survived\n");
+    assert_eq!(running.control.wait().await.unwrap().code, Some(0));
+    // The next exec starts a fresh supervisor.
+    let second = supervisor_pid(&backend).await;
+    assert_ne!(first, second);
+}
+
+#[tokio::test]
+async fn a_workspace_can_neither_touch_the_node_socket_nor_pose_as_its_supervisor() {
+    let node = Node::new().await;
+    let backend = node.provision("ws-impostor", &WorkspaceSpec::default()).await;
+    let socket = berth_backend_docker::CONTAINER_SOCKET;
+    let run_dir = berth_backend_docker::CONTAINER_RUN_DIR;
+    let real = supervisor_pid(&backend).await;
+    // The node's socket directory is read-only in the container: nothing planted, nothing
+    // removed, nothing written to the host's /run.
+    for attempt in [format!("touch {run_dir}/x"), format!("rm -f {socket}"), format!("ln -s /etc {run_dir}/l")] {
+        assert_ne!(sh(&*backend, &attempt, &[]).await.exit_code, 0, "{attempt} worked");
+    }
+    // A command runs its own copy of the supervisor against the node's socket: it connects
+    // (and waits, queued) before the node next starts a supervisor.
+    let program = berth_backend_docker::CONTAINER_BINARY;
+    let mut impostor = backend
+        .spawn(&SpawnSpec::new(vec![
+            "sh".into(),
+            "-c".into(),
+            format!("{program} --connect {socket} --idle-ms 60000 & echo $!; wait $!; echo ended $?"),
+        ]))
+        .await
+        .unwrap();
+    let mut pid_line = Vec::new();
+    let mut byte = [0u8; 1];
+    while impostor.stdout.read(&mut byte).await.unwrap() == 1 && byte[0] != b'\n' {
+        pid_line.push(byte[0]);
+    }
+    let impostor_pid = String::from_utf8(pid_line).unwrap();
+    // Connected: once it has, it puts /dev/null on its stdout. Looked at from the host (as
+    // root: the supervisor binary makes itself undumpable, so its own user cannot).
+    let container = node.containers(Some("ws-impostor")).remove(0);
+    assert_eventually("the impostor to connect", Duration::from_secs(10), || {
+        let container = container.clone();
+        async move {
+            let listed = docker_cli(&["top", &container, "-eo", "pid,args"]);
+            let host_pid = String::from_utf8_lossy(&listed.stdout)
+                .lines()
+                .find(|line| line.contains(&format!(" {program} --connect")) && line.ends_with("--idle-ms 60000"))
+                .and_then(|line| line.split_whitespace().next().map(str::to_owned));
+            host_pid.and_then(|pid| std::fs::read_link(format!("/proc/{pid}/fd/1")).ok())
+                == Some(PathBuf::from("/dev/null"))
+        }
+    })
+    .await;
+    // The real supervisor goes; the next exec makes the node start another, and the
+    // impostor's connection, queued first, is refused.
+    sh_ok(&*backend, &format!("kill -9 {real}"), &[]).await;
+    let fresh = supervisor_pid(&backend).await;
+    assert_ne!(fresh, impostor_pid, "the node served the workspace's own process as its supervisor");
+    assert_ne!(fresh, real);
+    let mut rest = String::new();
+    impostor.stdout.read_to_string(&mut rest).await.unwrap();
+    assert_eq!(rest, "ended 0\n", "the refused impostor saw its connection closed");
 }
 
 // ---- files -------------------------------------------------------------------------------

@@ -63,9 +63,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         let case = format!("exec true {backend}");
         let row = exec_case(ctx, &channel, backend, &case, docker_container.as_ref()).await;
         let mut row = common::row_or_error(NAME, &case, &ctx.machine, row);
-        if *backend == "bubblewrap" {
+        if *backend == "bubblewrap" || *backend == "docker" {
             // Measured right after the exec loop: the supervisor is idle and warm.
-            if let Some(kib) = supervisor_idle_rss_kib() {
+            if let Some(kib) = supervisor_idle_rss_kib(backend) {
                 row.metric("supervisor_idle_rss_kib", kib as f64);
             }
         }
@@ -74,12 +74,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         let row = provision_case(ctx, &channel, &registry, backend).await;
         results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
     }
-    // The same bubblewrap exec with a sandbox per exec (`--no-supervisor`, the way it was
-    // before the supervisor), on a cluster of its own, in the same run.
-    if available.contains(&"bubblewrap") {
-        let case = "exec true bubblewrap --no-supervisor";
-        let row = per_exec_bubblewrap_case(ctx, case).await;
-        results.push(common::row_or_error(NAME, case, &ctx.machine, row));
+    // The same sandbox execs without the supervisor (`--no-supervisor`: a bwrap sandbox or
+    // a Docker exec per command, the way it was before), on a cluster of their own, in the
+    // same run.
+    for backend in ["bubblewrap", "docker"].into_iter().filter(|backend| available.contains(backend)) {
+        let case = format!("exec true {backend} --no-supervisor");
+        let row = unsupervised_case(ctx, backend, &case, docker_container.as_ref()).await;
+        results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
     }
     // The targets are ratios to Berth's own local exec (same run).
     let local_p50 = results
@@ -162,28 +163,37 @@ async fn probe(ctx: &Ctx, backend: &str) -> Result<(), String> {
     Err(format!("the berth node agent does not start with --backend {backend}: {}", reason.trim()))
 }
 
-/// `exec true bubblewrap` against a node agent started with `--no-supervisor`.
-async fn per_exec_bubblewrap_case(ctx: &Ctx, case: &str) -> anyhow::Result<ScenarioResult> {
+/// `exec true <backend>` against a node agent started with `--no-supervisor`.
+async fn unsupervised_case(
+    ctx: &Ctx,
+    backend: &str,
+    case: &str,
+    docker_container: Option<&DockerContainer>,
+) -> anyhow::Result<ScenarioResult> {
     let etcd = env::start_etcd().await?;
     let mut config = env::cluster_config(ctx, &etcd, 1, 1);
-    config.node_flags = vec!["--backend".into(), "bubblewrap".into(), "--no-supervisor".into()];
+    config.node_flags = vec!["--backend".into(), backend.into(), "--no-supervisor".into()];
     let cluster = env::start_cluster(config).await?;
     let channel = env::connect(&cluster.replicas[0].server.endpoint).await?;
-    let row = exec_case(ctx, &channel, "bubblewrap", case, None).await?;
+    let row = exec_case(ctx, &channel, backend, case, docker_container).await?;
     drop(cluster);
     Ok(row.param("supervisor", false))
 }
 
-/// The largest VmRSS of the sandbox supervisors running on the host (each is
-/// `/proc/self/fd/5 --idle-ms N` in the host's /proc), in KiB.
-fn supervisor_idle_rss_kib() -> Option<u64> {
+/// The largest VmRSS of the backend's supervisors running on the host (in the host's
+/// /proc: bubblewrap's are `/proc/self/fd/5 --idle-ms N`, Docker's `/.berth/supervisor
+/// --connect …`), in KiB.
+fn supervisor_idle_rss_kib(backend: &str) -> Option<u64> {
+    // bubblewrap starts it from its memfd; a Docker container from its bound binary.
+    let program: &[u8] = if backend == "docker" { b"/.berth/supervisor" } else { b"/proc/self/fd/5" };
+    let option: &[u8] = if backend == "docker" { b"--connect" } else { b"--idle-ms" };
     let entries = std::fs::read_dir("/proc").ok()?;
     entries
         .filter_map(|entry| {
             let path = entry.ok()?.path();
             let cmdline = std::fs::read(path.join("cmdline")).ok()?;
             let args: Vec<&[u8]> = cmdline.split(|byte| *byte == 0).collect();
-            if args.first() != Some(&&b"/proc/self/fd/5"[..]) || args.get(1) != Some(&&b"--idle-ms"[..]) {
+            if args.first() != Some(&program) || args.get(1) != Some(&option) {
                 return None;
             }
             let status = std::fs::read_to_string(path.join("status")).ok()?;

@@ -121,12 +121,14 @@ pub struct NodeFlags {
     /// and writable; else per-process rlimits, with a warning), required, or off.
     #[arg(long, env = "BERTH_SANDBOX_CGROUPS", default_value = "auto", value_parser = CgroupPolicy::parse)]
     pub sandbox_cgroups: CgroupPolicy,
-    /// Start every bubblewrap command in a fresh sandbox instead of forking it from the
-    /// workspace's resident supervisor (slower: a sandbox build per exec; each exec then
-    /// has a pid namespace of its own).
+    /// Start every bubblewrap command in a fresh sandbox, and every Docker command as a
+    /// Docker exec, instead of forking it from the workspace's resident supervisor (slower:
+    /// a sandbox build or a Docker exec per command; each bubblewrap exec then has a pid
+    /// namespace of its own). Docker needs it when the engine runs on another host.
     #[arg(long, env = "BERTH_NO_SUPERVISOR")]
     pub no_supervisor: bool,
-    /// How long a workspace's idle supervisor lives on before it exits.
+    /// How long a bubblewrap workspace's idle supervisor lives on before it exits (a
+    /// Docker container's lives on for 5 minutes).
     #[arg(long, env = "BERTH_SUPERVISOR_IDLE", default_value = "30s", value_parser = parse_duration)]
     pub supervisor_idle: Duration,
     /// How long copies moved to the quarantine (superseded, orphaned, replaced by a fresh

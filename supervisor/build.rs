@@ -1,7 +1,7 @@
-//! Compiles the sandbox supervisor (`supervisor/src/main.rs`, std only) with plain `rustc`
-//! into `$OUT_DIR/berth-supervisor`, which `src/supervised.rs` embeds: every binary that
-//! links this backend carries the supervisor it starts, with no install step and no
-//! path to find at run time.
+//! Compiles the sandbox supervisor (`src/main.rs`, std only) with plain `rustc` into
+//! `$OUT_DIR/berth-supervisor`, which the library embeds as `BINARY`: every binary that
+//! links a backend running supervisors (bubblewrap, Docker) carries the supervisor it
+//! starts, with no install step and no path to find at run time.
 //!
 //! Static (`crt-static`), size-optimised, stripped, `panic=abort`: a small binary that
 //! runs in any sandbox whatever its libc, and whose idle RSS stays far below 2 MiB.
@@ -11,7 +11,7 @@ use std::process::Command;
 
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let source_dir = manifest.join("../../supervisor/src");
+    let source_dir = manifest.join("src");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("berth-supervisor");
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let target = std::env::var("TARGET").expect("cargo sets TARGET");
