@@ -210,9 +210,9 @@ impl DockerSupervisor {
                         Some(Err(_)) | None => {
                             output_open = false;
                             let inspected = container.docker.inspect_exec(&exec_id).await.map_err(|error| docker_error("inspecting an exec", error))?;
-                            if inspected.running == Some(false) {
+                            if let ExecProgress::Exited(code) = exec_progress(inspected.running, inspected.pid, inspected.exit_code) {
                                 return Err(unavailable(format!(
-                                    "the supervisor exited before it connected: {}",
+                                    "the supervisor exited (code {code}) before it connected: {}",
                                     String::from_utf8_lossy(&said).trim()
                                 )));
                             }
@@ -226,23 +226,67 @@ impl DockerSupervisor {
     }
 }
 
-/// The host pid of a started exec's process.
+/// The host pid of a started exec's process. The daemon answers the start (switching the
+/// connection to the exec's stream) before it starts the process: until then an inspect
+/// shows the exec neither running nor exited, which is not a failure.
 async fn exec_pid(container: Target<'_>, exec_id: &str) -> Result<i32> {
+    let deadline = Instant::now() + START_TIMEOUT;
     let mut delay = Duration::from_millis(2);
-    for _ in 0..10 {
+    loop {
         let inspected =
             container.docker.inspect_exec(exec_id).await.map_err(|error| docker_error("inspecting an exec", error))?;
-        if let Some(pid) = inspected.pid.and_then(|pid| i32::try_from(pid).ok()).filter(|pid| *pid > 0) {
-            return Ok(pid);
-        }
-        if inspected.running == Some(false) {
-            break;
+        match exec_progress(inspected.running, inspected.pid, inspected.exit_code) {
+            ExecProgress::Started(pid) => return Ok(pid),
+            ExecProgress::Exited(code) => {
+                return Err(WorkspaceError::BackendUnavailable {
+                    backend: BACKEND_NAME,
+                    reason: format!("the supervisor's exec exited (code {code}) before it could be seen running"),
+                });
+            }
+            ExecProgress::NotYet if Instant::now() >= deadline => {
+                return Err(WorkspaceError::BackendUnavailable {
+                    backend: BACKEND_NAME,
+                    reason: format!("the supervisor's exec did not start within {START_TIMEOUT:?}"),
+                });
+            }
+            ExecProgress::NotYet => {}
         }
         tokio::time::sleep(delay).await;
-        delay *= 2;
+        delay = (delay * 2).min(Duration::from_millis(100));
     }
-    Err(WorkspaceError::BackendUnavailable {
-        backend: BACKEND_NAME,
-        reason: "the supervisor's exec has no process".into(),
-    })
+}
+
+/// Where a started exec is, as an inspect shows it.
+#[derive(Debug, PartialEq, Eq)]
+enum ExecProgress {
+    /// Its process runs: the host pid.
+    Started(i32),
+    /// It ran and exited.
+    Exited(i64),
+    /// Neither yet: the daemon has not started its process.
+    NotYet,
+}
+
+fn exec_progress(running: Option<bool>, pid: Option<i64>, exit_code: Option<i64>) -> ExecProgress {
+    match (pid.and_then(|pid| i32::try_from(pid).ok()).filter(|pid| *pid > 0), exit_code) {
+        (Some(pid), None) if running == Some(true) => ExecProgress::Started(pid),
+        (_, Some(code)) if running != Some(true) => ExecProgress::Exited(code),
+        _ => ExecProgress::NotYet,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExecProgress, exec_progress};
+
+    #[test]
+    fn an_exec_not_yet_started_is_waited_for() {
+        // The state an inspect shows between the start's answer and the process.
+        assert_eq!(exec_progress(Some(false), Some(0), None), ExecProgress::NotYet);
+        assert_eq!(exec_progress(None, None, None), ExecProgress::NotYet);
+        assert_eq!(exec_progress(Some(true), Some(0), None), ExecProgress::NotYet);
+        assert_eq!(exec_progress(Some(true), Some(4242), None), ExecProgress::Started(4242));
+        assert_eq!(exec_progress(Some(false), Some(4242), Some(1)), ExecProgress::Exited(1));
+        assert_eq!(exec_progress(Some(false), Some(0), Some(127)), ExecProgress::Exited(127));
+    }
 }
