@@ -84,7 +84,16 @@ pub struct NodeAgentConfig {
     pub snapshot_interval: Option<Duration>,
     /// Snapshots kept per workspace (`--snapshot-keep`), the newest.
     pub snapshot_keep: usize,
+    /// Warm pool size per backend (`--warm-pool docker=4`): containers made ahead of time
+    /// that a fresh workspace with the node's default spec claims. Within the capacity:
+    /// the pool never holds more than the room left under `capacity_workspaces`.
+    pub warm_pool: BTreeMap<String, usize>,
 }
+
+/// Backends that keep a warm pool.
+pub const WARM_POOL_BACKENDS: &[&str] = &["docker"];
+/// Largest warm pool of one backend.
+pub const MAX_WARM_POOL: usize = 256;
 
 /// Default of [`NodeAgentConfig::snapshot_keep`].
 pub const DEFAULT_SNAPSHOT_KEEP: usize = 5;
@@ -127,6 +136,7 @@ impl NodeAgentConfig {
             snapshot_store: None,
             snapshot_interval: None,
             snapshot_keep: DEFAULT_SNAPSHOT_KEEP,
+            warm_pool: BTreeMap::new(),
         }
     }
 
@@ -140,6 +150,21 @@ impl NodeAgentConfig {
         }
         self.check_unsandboxed()?;
         self.limits.validate()?;
+        for (backend, size) in &self.warm_pool {
+            if !self.backends.contains(backend) {
+                return Err(format!("--warm-pool names {backend}, which this node does not offer"));
+            }
+            if !WARM_POOL_BACKENDS.contains(&backend.as_str()) {
+                return Err(format!(
+                    "--warm-pool: {backend} has no warm pool (only {} does; bubblewrap and local make a \
+                     workspace in a few milliseconds without one)",
+                    WARM_POOL_BACKENDS.join(", ")
+                ));
+            }
+            if *size > MAX_WARM_POOL {
+                return Err(format!("--warm-pool {backend}={size}: at most {MAX_WARM_POOL}"));
+            }
+        }
         if self.exec_output_budget_bytes < 1024 * 1024 {
             return Err("the exec output budget (--exec-output-budget-bytes) must be at least 1 MiB".into());
         }

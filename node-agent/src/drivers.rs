@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use berth_backend_bubblewrap::{BubblewrapConfig, BubblewrapDriver};
-use berth_backend_docker::{DockerConfig, DockerDriver};
+use berth_backend_docker::{DockerConfig, DockerDriver, WarmPoolConfig};
 use berth_backend_host::LocalDriver;
 use berth_workspace::{BackendDriverRef, WorkspaceError};
 
@@ -50,6 +50,16 @@ pub async fn build(config: &NodeAgentConfig) -> Result<HashMap<String, BackendDr
                 if !config.bubblewrap.supervisor {
                     docker.supervisor = None;
                 }
+                // Always: without --warm-pool the pool stays empty, but containers claimed
+                // while it was on are still found by their records (and an earlier agent's
+                // unclaimed ones removed). Made with the node's defaults: what a spec that
+                // names no limits becomes.
+                let mut spec = berth_workspace::WorkspaceSpec::default();
+                config
+                    .limits
+                    .apply_to_spec(&mut spec)
+                    .map_err(|error| WorkspaceError::InvalidArgument(format!("the warm pool's spec: {error}")))?;
+                docker.warm_pool = Some(WarmPoolConfig { dir: config.data_dir.join("pool").join("docker"), spec });
                 Arc::new(DockerDriver::connect(docker).await?)
             }
             other if crate::cloud::CLOUD_BACKENDS.contains(&other) => {

@@ -22,6 +22,7 @@ pub mod server;
 pub mod service;
 pub mod snapshots;
 pub mod state;
+pub mod warm_pool;
 
 pub use config::NodeAgentConfig;
 pub use server::{ServeError, serve};

@@ -14,6 +14,8 @@ pub const RESTORE_SECONDS: &str = "berth_node_agent_restore_duration_seconds";
 pub const SNAPSHOT_UPLOADED_BYTES: &str = "berth_node_agent_snapshot_uploaded_bytes_total";
 pub const SNAPSHOT_DEDUPLICATED_BYTES: &str = "berth_node_agent_snapshot_deduplicated_bytes_total";
 pub const SNAPSHOT_FAILURES: &str = "berth_node_agent_snapshot_failures_total";
+pub const WARM_POOL_READY: &str = "berth_node_agent_warm_pool_ready";
+pub const WARM_POOL_CLAIMS: &str = "berth_node_agent_warm_pool_claims_total";
 
 /// Registers help texts (once per process; harmless without a recorder).
 pub fn describe() {
@@ -38,6 +40,8 @@ pub fn describe() {
         "failed snapshots and restores (a restore falling back counts each candidate that failed), and snapshots the \
          control plane refused, by kind"
     );
+    describe_gauge!(WARM_POOL_READY, "warm pool runtimes ready to be claimed, by backend");
+    describe_counter!(WARM_POOL_CLAIMS, "workspaces served from the warm pool, by backend");
     describe_gauge!(FENCED, "1 while the node is fenced (lease possibly expired) and serves no workspace call");
 }
 
@@ -69,4 +73,9 @@ pub(crate) fn restore_done(ok: bool, elapsed: Duration) {
 
 pub(crate) fn snapshot_failed(kind: &'static str) {
     counter!(SNAPSHOT_FAILURES, "kind" => kind).increment(1);
+}
+
+pub(crate) fn warm_pool(backend: &str, level: berth_workspace::PoolLevel) {
+    gauge!(WARM_POOL_READY, "backend" => backend.to_owned()).set(level.ready as f64);
+    counter!(WARM_POOL_CLAIMS, "backend" => backend.to_owned()).absolute(level.claimed);
 }

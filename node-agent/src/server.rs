@@ -81,6 +81,22 @@ pub async fn serve(
             .with_mcp_pool(contract.mcp().pool().clone());
     let heartbeat_task = tokio::spawn(heartbeater.run(tasks.clone()));
     tokio::spawn(purge_quarantine(Arc::clone(&workspaces), config.quarantine_retention, tasks.clone()));
+    // Every backend that can keep a pool, at size 0 unless asked: its first fill removes
+    // what an earlier agent's pool left.
+    let sizes: std::collections::BTreeMap<String, usize> = config
+        .backends
+        .iter()
+        .filter(|backend| crate::config::WARM_POOL_BACKENDS.contains(&backend.as_str()))
+        .map(|backend| (backend.clone(), config.warm_pool.get(backend).copied().unwrap_or_default()))
+        .collect();
+    let pool_task = (!sizes.is_empty()).then(|| {
+        tokio::spawn(crate::warm_pool::keep_warm(
+            Arc::clone(&workspaces),
+            sizes,
+            config.capacity_workspaces,
+            tasks.clone(),
+        ))
+    });
     if let (Some(snapshots), Some(interval)) = (workspaces.snapshots(), config.snapshot_interval) {
         tokio::spawn(snapshot_changed(Arc::clone(&workspaces), snapshots, interval, tasks.clone()));
     }
@@ -145,6 +161,10 @@ pub async fn serve(
         .await;
     tasks.cancel();
     let _ = heartbeat_task.await;
+    // The pool empties before the agent says it stopped: nothing anonymous is left.
+    if let Some(pool_task) = pool_task {
+        let _ = pool_task.await;
+    }
     tracing::info!(node_id = %config.node_id, "node agent stopped");
     served.map_err(|error| ServeError::Transport(error.to_string()))
 }

@@ -284,6 +284,11 @@ impl Workspaces {
         Ok(self.driver(backend)?.remove_labelled(sandbox).await?)
     }
 
+    /// Brings `backend`'s warm pool to `target` ready runtimes (0 empties it).
+    pub async fn fill_pool(&self, backend: &str, target: usize) -> Result<berth_workspace::PoolLevel, WorkspaceError> {
+        self.driver(backend)?.fill_pool(target).await
+    }
+
     pub fn offered(&self) -> Vec<String> {
         let mut names: Vec<String> = self.drivers.keys().cloned().collect();
         names.sort();

@@ -95,6 +95,16 @@ pub trait BackendDriver: Send + Sync {
         true
     }
 
+    // ---- warm pool ------------------------------------------------------------------------
+
+    /// Brings the warm pool (runtimes made ahead of time for no workspace, which a provision
+    /// of a fresh workspace with the pool's spec claims instead of making one) to `target`
+    /// ready ones, making or removing some (0 empties it), and says where it stands.
+    /// Drivers without a pool answer an empty level.
+    async fn fill_pool(&self, _target: usize) -> Result<PoolLevel> {
+        Ok(PoolLevel::default())
+    }
+
     // ---- portable (cloud) drivers -----------------------------------------------------
 
     /// Whether a workspace's files live outside this node, in a provider's sandbox found by
@@ -122,4 +132,13 @@ pub trait BackendDriver: Send + Sync {
     async fn remove_labelled(&self, _sandbox: &LabelledSandbox) -> Result<()> {
         Ok(())
     }
+}
+
+/// A driver's warm pool, as [`BackendDriver::fill_pool`] left it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolLevel {
+    /// Runtimes ready to be claimed.
+    pub ready: usize,
+    /// Provisions served from the pool since the driver started.
+    pub claimed: u64,
 }

@@ -30,7 +30,7 @@ pub use backend::{
     Backend, BackendRef, ByteStream, Capabilities, ExecEvent, ExecOutput, ExecSpec, ExitInfo, FileInfo, FileKind,
     ProcessControl, SpawnRole, SpawnSpec, Spawned, WriteOptions,
 };
-pub use driver::{BackendDriver, BackendDriverRef, LabelledSandbox, Placement, ProvisionContext};
+pub use driver::{BackendDriver, BackendDriverRef, LabelledSandbox, Placement, PoolLevel, ProvisionContext};
 pub use error::{Result, WorkspaceError};
 pub use id::{WorkspaceId, validate_id};
 pub use path::{RelPath, join_path};

@@ -21,6 +21,9 @@ pub const DEFAULT_IMAGE: &str = "berth/base:latest";
 pub const NODE_LABEL: &str = "berth.node.id";
 /// Label holding the workspace id a container serves.
 pub const WORKSPACE_LABEL: &str = "berth.workspace.id";
+/// Label of a warm-pool container (value: its slot); it has no workspace label until it
+/// is removed, and a claimed one is found by the node's claim record instead.
+pub const POOL_LABEL: &str = "berth.pool";
 /// Label of a container made with the supervisor's mounts (value `1`).
 pub const SUPERVISOR_LABEL: &str = "berth.supervisor";
 /// Host directory of the supervisor binary and the containers' socket directories.
@@ -72,6 +75,19 @@ pub struct DockerConfig {
     /// socket directory is bound into containers). Default: `/run/berth/docker-supervisor`
     /// for a root agent, none otherwise.
     pub supervisor: Option<SupervisorLayout>,
+    /// The warm pool (`None`: no pool).
+    pub warm_pool: Option<WarmPoolConfig>,
+}
+
+/// Where a driver's warm pool lives and what its containers are made with.
+#[derive(Clone, Debug)]
+pub struct WarmPoolConfig {
+    /// Its slots' workspace directories and the claim records: on the file system of the
+    /// workspace roots, since a claim renames a slot's directory to the workspace's root.
+    pub dir: PathBuf,
+    /// The spec pool containers are made with (the node's defaults applied); a provision
+    /// whose spec has the same limits, image and no labels is served from the pool.
+    pub spec: berth_workspace::spec::WorkspaceSpec,
 }
 
 impl DockerConfig {
@@ -92,6 +108,7 @@ impl DockerConfig {
             supervisor: nix::unistd::geteuid()
                 .is_root()
                 .then(|| SupervisorLayout { dir: DEFAULT_SUPERVISOR_DIR.into(), idle: DEFAULT_SUPERVISOR_IDLE }),
+            warm_pool: None,
         }
     }
 
@@ -110,6 +127,15 @@ impl DockerConfig {
             if layout.idle.is_zero() {
                 return Err(WorkspaceError::InvalidArgument("docker supervisor idle time must be positive".into()));
             }
+        }
+        if let Some(pool) = &self.warm_pool {
+            if !pool.dir.is_absolute() {
+                return Err(WorkspaceError::InvalidArgument(format!(
+                    "docker warm pool directory {} must be absolute",
+                    pool.dir.display()
+                )));
+            }
+            pool.spec.validate()?;
         }
         if !super::scripts::valid_mount_point(&self.mount_point) {
             return Err(WorkspaceError::InvalidArgument(format!(
@@ -154,6 +180,12 @@ fn sanitize(value: &str, max_chars: usize) -> String {
             },
         )
         .collect()
+}
+
+/// Name of a warm-pool container: `berth-pool-<node>-<slot>` (a slot is 16 hex digits, a
+/// workspace container's last part 12, so the two never meet).
+pub fn pool_container_name(node_id: &str, slot: &str) -> String {
+    format!("berth-pool-{}-{}", sanitize(node_id, 32), sanitize(slot, 16))
 }
 
 /// The host side of the supervisor of every container of one driver.

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use bollard::query_parameters::{
 
 use berth_backend_host::netns::{Attach, SandboxNetworks};
 use berth_workspace::backend::BackendRef;
-use berth_workspace::driver::{BackendDriver, ProvisionContext};
+use berth_workspace::driver::{BackendDriver, PoolLevel, ProvisionContext};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::id::WorkspaceId;
 use berth_workspace::spec::WorkspaceSpec;
@@ -41,11 +41,13 @@ use berth_workspace::spec::WorkspaceSpec;
 use super::backend::DockerBackend;
 use super::config::{BACKEND_NAME, SECRET_HOLDER_USER};
 use super::config::{
-    DockerConfig, NODE_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, SUPERVISOR_LABEL, WORKSPACE_LABEL, container_name,
+    DockerConfig, NODE_LABEL, POOL_LABEL, ROOT_LABEL, SPEC_LABEL_PREFIX, SUPERVISOR_LABEL, WORKSPACE_LABEL,
+    container_name, pool_container_name,
 };
 use super::container::ContainerHandle;
 use super::errors::{docker_error, is_not_found, status_code};
 use super::network;
+use super::pool::{Claim, Pool, Slot, new_slot_name};
 use super::scripts::Scripts;
 use super::supervised::{CONTAINER_BINARY, CONTAINER_RUN_DIR, DockerSupervisor};
 
@@ -63,6 +65,8 @@ pub struct DockerDriver {
     networks: SandboxNetworks,
     /// The supervisor of each container made with one, by container id.
     supervisors: std::sync::Mutex<HashMap<String, Arc<DockerSupervisor>>>,
+    /// The warm pool, when the config names its directory.
+    pool: Option<Pool>,
 }
 
 impl DockerDriver {
@@ -88,7 +92,8 @@ impl DockerDriver {
         }
         let user = config.effective_user();
         let networks = SandboxNetworks::new(config.network.clone(), BACKEND_NAME);
-        Ok(Self { docker, config, user, networks, supervisors: std::sync::Mutex::default() })
+        let pool = config.warm_pool.as_ref().map(|pool| Pool::new(pool.dir.clone()));
+        Ok(Self { docker, config, user, networks, supervisors: std::sync::Mutex::default(), pool })
     }
 
     fn lock_supervisors(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<DockerSupervisor>>> {
@@ -130,6 +135,18 @@ impl DockerDriver {
         Ok(found.into_iter().next())
     }
 
+    /// Every container of a workspace: its claimed pool container and any labelled with it.
+    async fn containers_of(&self, workspace_id: &WorkspaceId) -> Result<Vec<String>> {
+        let mut ids: Vec<String> =
+            self.list(Some(workspace_id)).await?.into_iter().filter_map(|summary| summary.id).collect();
+        if let Some(pool) = &self.pool
+            && let Some(claim) = pool.claim_of(workspace_id)?
+        {
+            ids.push(claim.container_id);
+        }
+        Ok(ids)
+    }
+
     fn image_for(&self, spec: &WorkspaceSpec) -> String {
         spec.image.clone().unwrap_or_else(|| self.config.default_image.clone())
     }
@@ -147,7 +164,8 @@ impl DockerDriver {
         let image = self.image_for(context.spec);
         self.ensure_image(&image).await?;
         let name = container_name(&self.config.node_id, context.workspace_id);
-        let body = container_body(&self.config, self.user, context, &image, supervised);
+        let identity = Identity::Workspace(context.workspace_id);
+        let body = container_body(&self.config, self.user, &identity, context.root, context.spec, &image, supervised);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         match self.docker.create_container(Some(options), body).await {
             Ok(created) => {
@@ -183,6 +201,276 @@ impl DockerDriver {
         }
     }
 
+    /// A handle on a container found or made for the workspace: started, its network
+    /// attached, its supervisor (when `run_dir`, the container's socket directory) shared.
+    async fn handle(
+        &self,
+        context: &ProvisionContext<'_>,
+        id: String,
+        state: Option<ContainerSummaryStateEnum>,
+        run_dir: Option<PathBuf>,
+    ) -> Result<BackendRef> {
+        let (uid, gid) = self.user;
+        self.start(&id, state).await?;
+        let (pids_limit, pid) = self.inspect_started(&id).await?;
+        if context.spec.network {
+            let pid = u32::try_from(pid).ok().filter(|pid| *pid > 0).ok_or_else(|| WorkspaceError::Backend {
+                backend: BACKEND_NAME,
+                message: format!("container {id} has no process after start"),
+            })?;
+            let name = network::netns_name(&self.config.node_id, context.workspace_id);
+            let owner = container_name(&self.config.node_id, context.workspace_id);
+            self.networks.ensure(&name, &owner, Attach::Process(pid)).await?;
+        }
+        let supervisor = run_dir.and_then(|run_dir| self.supervisor_of(&id, run_dir));
+        let handle = ContainerHandle {
+            supervisor,
+            docker: self.docker.clone(),
+            container_name: container_name(&self.config.node_id, context.workspace_id),
+            container_id: id,
+            user: format!("{uid}:{gid}"),
+            scripts: Scripts::new(&self.config.mount_point),
+            pids_limit,
+        };
+        Ok(Arc::new(DockerBackend::new(Arc::new(handle), context.spec.env.clone())))
+    }
+
+    /// One per container for the driver's life: every handle of the container (a second
+    /// provision's, one an MCP server holds) shares its socket and connection.
+    fn supervisor_of(&self, container_id: &str, run_dir: PathBuf) -> Option<Arc<DockerSupervisor>> {
+        let layout = self.config.supervisor.as_ref()?;
+        Some(
+            self.lock_supervisors()
+                .entry(container_id.to_owned())
+                .or_insert_with(|| Arc::new(DockerSupervisor::new(run_dir, self.user, layout.idle)))
+                .clone(),
+        )
+    }
+
+    // ---- warm pool -----------------------------------------------------------------------
+
+    /// The workspace's claimed pool container, when it has one (its claim finished if a
+    /// crash interrupted it). A record whose container is gone is dropped: the workspace
+    /// gets a container of its own.
+    async fn provision_claimed(&self, pool: &Pool, context: &ProvisionContext<'_>) -> Result<Option<BackendRef>> {
+        let Some(claim) = pool.claim_of(context.workspace_id)? else {
+            return Ok(None);
+        };
+        let state = match self.docker.inspect_container(&claim.container_id, None).await {
+            Ok(inspected) => inspected.state.and_then(|state| state.status),
+            Err(error) if is_not_found(&error) => {
+                tracing::warn!(ws_id = %context.workspace_id, container = %claim.container_id, "the workspace's claimed pool container is gone; making one");
+                pool.forget_claim(&claim);
+                return Ok(None);
+            }
+            Err(error) => return Err(docker_error("inspecting a container", error)),
+        };
+        if let Err(error) = pool.finish_claim(&claim, context.root) {
+            // The claim stopped before its rename and the root has files since (a restore
+            // into it): the slot's directory is not the workspace's. Its container goes;
+            // the workspace gets one of its own on its root.
+            tracing::warn!(ws_id = %context.workspace_id, container = %claim.container_id, %error, "an unfinished warm pool claim cannot be finished; making a container");
+            self.drop_claim(pool, &claim).await?;
+            return Ok(None);
+        }
+        let state = match state {
+            Some(bollard::models::ContainerStateStatusEnum::RUNNING) => Some(ContainerSummaryStateEnum::RUNNING),
+            Some(bollard::models::ContainerStateStatusEnum::PAUSED) => Some(ContainerSummaryStateEnum::PAUSED),
+            _ => None,
+        };
+        let run_dir = self.pool_run_dir(&claim.slot)?;
+        Ok(Some(self.handle(context, claim.container_id, state, run_dir).await?))
+    }
+
+    /// Serves a fresh workspace with the default spec from the pool: `None` when the spec
+    /// or the root rules it out or no slot is ready.
+    async fn claim(&self, pool: &Pool, context: &ProvisionContext<'_>) -> Result<Option<BackendRef>> {
+        if !self.pool_serves(context.spec) || !dir_is_empty(context.root) {
+            return Ok(None);
+        }
+        let Some(slot) = pool.take() else {
+            return Ok(None);
+        };
+        let claim = Claim {
+            workspace_id: context.workspace_id.clone(),
+            slot: slot.name.clone(),
+            container_id: slot.container_id.clone(),
+        };
+        if !pool.record_claim(&claim)? {
+            // A concurrent provision of this workspace claimed first: take its container.
+            pool.put_back(slot);
+            return self.provision_claimed(pool, context).await;
+        }
+        pool.count_claim();
+        tracing::info!(ws_id = %context.workspace_id, container = %claim.container_id, slot = %claim.slot, "claimed a warm pool container");
+        if let Err(error) = pool.finish_claim(&claim, context.root) {
+            tracing::warn!(ws_id = %context.workspace_id, %error, "a warm pool claim failed; making a container");
+            self.drop_claim(pool, &claim).await?;
+            return Ok(None);
+        }
+        let run_dir = self.pool_run_dir(&claim.slot)?;
+        let running = Some(ContainerSummaryStateEnum::RUNNING);
+        match self.handle(context, claim.container_id.clone(), running, run_dir).await {
+            Ok(handle) => Ok(Some(handle)),
+            Err(error) => {
+                // The slot's container died or was removed while it waited: the workspace
+                // gets a container of its own, in the same root.
+                tracing::warn!(ws_id = %context.workspace_id, container = %claim.container_id, %error, "a claimed warm pool container cannot serve; making a container");
+                self.drop_claim(pool, &claim).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether a pool container (made with the pool's spec) is what `spec` would make.
+    /// Env is per exec and a network is attached after start, so neither matters.
+    fn pool_serves(&self, spec: &WorkspaceSpec) -> bool {
+        let Some(pool) = &self.config.warm_pool else {
+            return false;
+        };
+        let made = &pool.spec;
+        self.image_for(spec) == self.image_for(made)
+            && (spec.cpu_millis, spec.memory_bytes, spec.pids) == (made.cpu_millis, made.memory_bytes, made.pids)
+            && (spec.file_size_bytes, spec.cpu_time_secs) == (made.file_size_bytes, made.cpu_time_secs)
+            && spec.read_only_root == made.read_only_root
+            && spec.labels.is_empty()
+            && made.labels.is_empty()
+    }
+
+    fn pool_run_dir(&self, slot: &str) -> Result<Option<PathBuf>> {
+        match &self.config.supervisor {
+            Some(layout) => Ok(Some(layout.prepare_run_dir(&pool_container_name(&self.config.node_id, slot))?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Makes one ready slot: its directory, its container (started) and its supervisor.
+    async fn make_slot(&self, pool: &Pool) -> Result<Slot> {
+        let name = new_slot_name();
+        let root = pool.slot_root(&name);
+        let (uid, gid) = self.user;
+        {
+            let root = root.clone();
+            tokio::task::spawn_blocking(move || {
+                std::fs::create_dir_all(&root).map_err(|error| {
+                    WorkspaceError::from_io("create a warm pool slot", &root.display().to_string(), error)
+                })?;
+                prepare_root(&root, uid, gid)
+            })
+            .await
+            .map_err(|error| WorkspaceError::Backend {
+                backend: BACKEND_NAME,
+                message: format!("making a slot: {error}"),
+            })??;
+        }
+        let run_dir = self.pool_run_dir(&name)?;
+        let spec = self.config.warm_pool.as_ref().map(|pool| pool.spec.clone()).unwrap_or_default();
+        let image = self.image_for(&spec);
+        self.ensure_image(&image).await?;
+        let body =
+            container_body(&self.config, self.user, &Identity::Pool(&name), &root, &spec, &image, run_dir.is_some());
+        let container = pool_container_name(&self.config.node_id, &name);
+        let options = CreateContainerOptionsBuilder::default().name(&container).build();
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|error| docker_error("creating a warm pool container", error))?;
+        let slot = Slot { name, container_id: created.id };
+        let started = async {
+            self.start(&slot.container_id, None).await?;
+            if let Some(run_dir) = run_dir
+                && let Some(supervisor) = self.supervisor_of(&slot.container_id, run_dir)
+            {
+                let handle = ContainerHandle {
+                    supervisor: None,
+                    docker: self.docker.clone(),
+                    container_name: container.clone(),
+                    container_id: slot.container_id.clone(),
+                    user: format!("{uid}:{gid}"),
+                    scripts: Scripts::new(&self.config.mount_point),
+                    pids_limit: None,
+                };
+                // Started now, so the claiming workspace's first exec is a fork.
+                supervisor.warm_up(handle.target(), &handle.user).await;
+            }
+            Ok::<(), WorkspaceError>(())
+        };
+        if let Err(error) = started.await {
+            self.remove_slot(pool, &slot).await;
+            return Err(error);
+        }
+        Ok(slot)
+    }
+
+    /// Undoes a claim that cannot be finished: its container, socket directory and slot
+    /// directory go, then its record.
+    async fn drop_claim(&self, pool: &Pool, claim: &Claim) -> Result<()> {
+        self.remove(&claim.container_id).await?;
+        self.remove_slot(pool, &Slot { name: claim.slot.clone(), container_id: claim.container_id.clone() }).await;
+        pool.forget_claim(claim);
+        Ok(())
+    }
+
+    /// Removes an unclaimed slot: container, socket directory, directory.
+    async fn remove_slot(&self, pool: &Pool, slot: &Slot) {
+        if let Err(error) = self.remove(&slot.container_id).await {
+            tracing::warn!(container = %slot.container_id, %error, "could not remove a warm pool container");
+        }
+        self.lock_supervisors().remove(&slot.container_id);
+        if let Some(layout) = &self.config.supervisor {
+            layout.remove_run_dir(&pool_container_name(&self.config.node_id, &slot.name));
+        }
+        let root = pool.slot_root(&slot.name);
+        if std::fs::symlink_metadata(&root).is_ok_and(|metadata| metadata.is_dir()) {
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(root)).await;
+        }
+    }
+
+    /// Once per driver: removes the unclaimed pool containers and slots an earlier agent
+    /// left (they are anonymous: nothing of them is worth keeping).
+    async fn sweep_stale_slots(&self, pool: &Pool) -> Result<()> {
+        let claimed: BTreeSet<String> = pool.claims()?.into_iter().map(|claim| claim.slot).collect();
+        let ready: BTreeSet<String> = pool.ready_slots().into_iter().map(|slot| slot.name).collect();
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![format!("{NODE_LABEL}={}", self.config.node_id), POOL_LABEL.to_owned()],
+        )]);
+        let options = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+        let listed = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|error| docker_error("listing containers", error))?;
+        for summary in listed {
+            let (Some(id), Some(name)) =
+                (summary.id, summary.labels.as_ref().and_then(|labels| labels.get(POOL_LABEL)).cloned())
+            else {
+                continue;
+            };
+            // Only this pool's (its directory under ours): an agent with the same node id
+            // on another data directory keeps its own.
+            let ours = summary
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(ROOT_LABEL))
+                .is_some_and(|root| Path::new(root).starts_with(pool.slots_dir()));
+            if ours && !claimed.contains(&name) && !ready.contains(&name) {
+                self.remove_slot(pool, &Slot { name, container_id: id }).await;
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(pool.slots_dir()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+                if is_dir && !claimed.contains(&name) && !ready.contains(&name) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The pids limit the container runs with (it may predate this agent's config) and the
     /// host pid of its init (0 when it is not running).
     async fn inspect_started(&self, id: &str) -> Result<(Option<i64>, i64)> {
@@ -201,6 +489,10 @@ impl DockerDriver {
     }
 
     async fn start(&self, id: &str, state: Option<ContainerSummaryStateEnum>) -> Result<()> {
+        // Listed running a moment ago (or a ready pool slot): a start would answer 304.
+        if state == Some(ContainerSummaryStateEnum::RUNNING) {
+            return Ok(());
+        }
         if state == Some(ContainerSummaryStateEnum::PAUSED) {
             self.docker.unpause_container(id).await.map_err(|error| docker_error("unpausing a container", error))?;
             return Ok(());
@@ -261,6 +553,16 @@ impl BackendDriver for DockerDriver {
             None => None,
         };
 
+        // A claimed pool container, or one to claim: a fresh root (empty: any provision
+        // leaves the layout in it) has no container of its own worth looking for.
+        if let Some(pool) = &self.pool {
+            if let Some(claimed) = self.provision_claimed(pool, &context).await? {
+                return Ok(claimed);
+            }
+            if let Some(claimed) = self.claim(pool, &context).await? {
+                return Ok(claimed);
+            }
+        }
         let root_label = context.root.to_string_lossy().into_owned();
         let existing = match self.find(context.workspace_id).await? {
             Some(summary) => {
@@ -295,44 +597,12 @@ impl BackendDriver for DockerDriver {
             Some(found) => found,
             None => (self.create(&context, run_dir.is_some()).await?, None, run_dir.is_some()),
         };
-        self.start(&id, state).await?;
-        let (pids_limit, pid) = self.inspect_started(&id).await?;
-        if context.spec.network {
-            let pid = u32::try_from(pid).ok().filter(|pid| *pid > 0).ok_or_else(|| WorkspaceError::Backend {
-                backend: BACKEND_NAME,
-                message: format!("container {id} has no process after start"),
-            })?;
-            let name = network::netns_name(&self.config.node_id, context.workspace_id);
-            let owner = container_name(&self.config.node_id, context.workspace_id);
-            self.networks.ensure(&name, &owner, Attach::Process(pid)).await?;
-        }
-
-        // One per container for the driver's life: every handle of the container (a second
-        // provision's, one an MCP server holds) shares its socket and connection.
-        let supervisor = match (&self.config.supervisor, run_dir) {
-            (Some(layout), Some(run_dir)) if supervised => Some(
-                self.lock_supervisors()
-                    .entry(id.clone())
-                    .or_insert_with(|| Arc::new(DockerSupervisor::new(run_dir, (uid, gid), layout.idle)))
-                    .clone(),
-            ),
-            _ => None,
-        };
-        let handle = ContainerHandle {
-            supervisor,
-            docker: self.docker.clone(),
-            container_name: container_name(&self.config.node_id, context.workspace_id),
-            container_id: id,
-            user: format!("{uid}:{gid}"),
-            scripts: Scripts::new(&self.config.mount_point),
-            pids_limit,
-        };
-        Ok(Arc::new(DockerBackend::new(Arc::new(handle), context.spec.env.clone())))
+        let run_dir = run_dir.filter(|_| supervised);
+        self.handle(&context, id, state, run_dir).await
     }
 
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        for summary in self.list(Some(workspace_id)).await? {
-            let Some(id) = summary.id else { continue };
+        for id in self.containers_of(workspace_id).await? {
             let options = StopContainerOptionsBuilder::default()
                 .t(self.config.stop_timeout.as_secs().min(i32::MAX as u64) as i32)
                 .build();
@@ -348,11 +618,17 @@ impl BackendDriver for DockerDriver {
     }
 
     async fn destroy(&self, workspace_id: &WorkspaceId) -> Result<()> {
-        for summary in self.list(Some(workspace_id)).await? {
-            if let Some(id) = summary.id {
-                self.remove(&id).await?;
-                self.lock_supervisors().remove(&id);
+        for id in self.containers_of(workspace_id).await? {
+            self.remove(&id).await?;
+            self.lock_supervisors().remove(&id);
+        }
+        if let Some(pool) = &self.pool
+            && let Some(claim) = pool.claim_of(workspace_id)?
+        {
+            if let Some(layout) = &self.config.supervisor {
+                layout.remove_run_dir(&pool_container_name(&self.config.node_id, &claim.slot));
             }
+            pool.forget_claim(&claim);
         }
         if let Some(layout) = &self.config.supervisor {
             layout.remove_run_dir(&container_name(&self.config.node_id, workspace_id));
@@ -375,15 +651,51 @@ impl BackendDriver for DockerDriver {
                 }
             }
         }
+        if let Some(pool) = &self.pool {
+            adopted.extend(pool.claims()?.into_iter().map(|claim| claim.workspace_id));
+        }
         Ok(adopted.into_iter().collect())
     }
 
     async fn is_running(&self, workspace_id: &WorkspaceId) -> bool {
+        if let Some(pool) = &self.pool
+            && let Ok(Some(claim)) = pool.claim_of(workspace_id)
+        {
+            return matches!(
+                self.docker.inspect_container(&claim.container_id, None).await,
+                Ok(inspected) if inspected.state.as_ref().and_then(|state| state.running) == Some(true)
+            );
+        }
         matches!(
             self.find(workspace_id).await,
             Ok(Some(ContainerSummary { state: Some(ContainerSummaryStateEnum::RUNNING), .. }))
         )
     }
+
+    async fn fill_pool(&self, target: usize) -> Result<PoolLevel> {
+        let Some(pool) = &self.pool else {
+            return Ok(PoolLevel::default());
+        };
+        let mut swept = pool.filling.lock().await;
+        if !*swept {
+            self.sweep_stale_slots(pool).await?;
+            *swept = true;
+        }
+        while pool.ready_count() > target {
+            let Some(slot) = pool.take() else { break };
+            self.remove_slot(pool, &slot).await;
+        }
+        while pool.ready_count() < target {
+            let slot = self.make_slot(pool).await?;
+            pool.push_ready(slot);
+        }
+        Ok(PoolLevel { ready: pool.ready_count(), claimed: pool.claimed() })
+    }
+}
+
+/// Whether a directory exists and holds nothing (a fresh workspace's root).
+fn dir_is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
 }
 
 fn missing_image(image: &str, config: &DockerConfig) -> WorkspaceError {
@@ -440,19 +752,41 @@ fn prepare_root(root: &Path, uid: u32, gid: u32) -> Result<()> {
 }
 
 /// The container of one workspace (pure, so it can be unit-tested).
+/// Whom a container is made for.
+enum Identity<'a> {
+    Workspace(&'a WorkspaceId),
+    /// A warm-pool slot, for no workspace yet.
+    Pool(&'a str),
+}
+
+impl Identity<'_> {
+    fn container_name(&self, node_id: &str) -> String {
+        match self {
+            Identity::Workspace(workspace_id) => container_name(node_id, workspace_id),
+            Identity::Pool(slot) => pool_container_name(node_id, slot),
+        }
+    }
+}
+
 fn container_body(
     config: &DockerConfig,
     (uid, gid): (u32, u32),
-    context: &ProvisionContext<'_>,
+    identity: &Identity<'_>,
+    root: &Path,
+    spec: &WorkspaceSpec,
     image: &str,
     supervised: bool,
 ) -> ContainerCreateBody {
-    let spec = context.spec;
     let mut labels: HashMap<String, String> =
         spec.labels.iter().map(|(key, value)| (format!("{SPEC_LABEL_PREFIX}{key}"), value.clone())).collect();
     labels.insert(NODE_LABEL.to_owned(), config.node_id.clone());
-    labels.insert(WORKSPACE_LABEL.to_owned(), context.workspace_id.as_str().to_owned());
-    labels.insert(ROOT_LABEL.to_owned(), context.root.to_string_lossy().into_owned());
+    match identity {
+        Identity::Workspace(workspace_id) => {
+            labels.insert(WORKSPACE_LABEL.to_owned(), workspace_id.as_str().to_owned())
+        }
+        Identity::Pool(slot) => labels.insert(POOL_LABEL.to_owned(), (*slot).to_owned()),
+    };
+    labels.insert(ROOT_LABEL.to_owned(), root.to_string_lossy().into_owned());
 
     let or_default = |value: u64, default: u64| if value == 0 { default } else { value };
     let memory = or_default(spec.memory_bytes, config.default_memory_bytes);
@@ -480,9 +814,9 @@ fn container_body(
         read_only: Some(read_only),
         ..Default::default()
     };
-    let mut mounts = vec![bind(context.root.to_string_lossy().into_owned(), &config.mount_point, false)];
+    let mut mounts = vec![bind(root.to_string_lossy().into_owned(), &config.mount_point, false)];
     if let Some(layout) = config.supervisor.as_ref().filter(|_| supervised) {
-        let name = container_name(&config.node_id, context.workspace_id);
+        let name = identity.container_name(&config.node_id);
         mounts.push(bind(layout.binary().to_string_lossy().into_owned(), CONTAINER_BINARY, true));
         mounts.push(bind(layout.run_dir(&name).to_string_lossy().into_owned(), CONTAINER_RUN_DIR, true));
         labels.insert(SUPERVISOR_LABEL.to_owned(), "1".to_owned());
@@ -529,8 +863,8 @@ mod tests {
         let config = DockerConfig::new("node-a");
         let workspace_id = WorkspaceId::new("ws-1").unwrap();
         let spec = WorkspaceSpec::default();
-        let context = ProvisionContext::unplaced(&workspace_id, Path::new("/data/ws-1"), &spec);
-        let body = container_body(&config, (1000, 1000), &context, "img", false);
+        let identity = Identity::Workspace(&workspace_id);
+        let body = container_body(&config, (1000, 1000), &identity, Path::new("/data/ws-1"), &spec, "img", false);
         let host = body.host_config.unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
@@ -557,8 +891,10 @@ mod tests {
             read_only_root: true,
             ..Default::default()
         };
-        let context = ProvisionContext::unplaced(&workspace_id, Path::new("/data/ws-1"), &spec);
-        let host = container_body(&config, (1, 2), &context, "img", false).host_config.unwrap();
+        let identity = Identity::Workspace(&workspace_id);
+        let host = container_body(&config, (1, 2), &identity, Path::new("/data/ws-1"), &spec, "img", false)
+            .host_config
+            .unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.nano_cpus, Some(500_000_000));
         assert_eq!(host.memory, Some(64 << 20));

@@ -24,6 +24,7 @@ mod exec_api;
 mod files;
 mod kill;
 pub mod network;
+mod pool;
 mod process;
 mod scripts;
 mod supervised;
@@ -31,8 +32,8 @@ mod supervised;
 pub use backend::DockerBackend;
 pub use config::{
     BACKEND_NAME, BASE_IMAGE_USER, DEFAULT_IMAGE, DEFAULT_MOUNT_POINT, DEFAULT_SUPERVISOR_DIR, DEFAULT_SUPERVISOR_IDLE,
-    DockerConfig, NODE_LABEL, ROOT_LABEL, SECRET_HOLDER_USER, SPEC_LABEL_PREFIX, SUPERVISOR_LABEL, SupervisorLayout,
-    WORKSPACE_LABEL, container_name,
+    DockerConfig, NODE_LABEL, POOL_LABEL, ROOT_LABEL, SECRET_HOLDER_USER, SPEC_LABEL_PREFIX, SUPERVISOR_LABEL,
+    SupervisorLayout, WORKSPACE_LABEL, WarmPoolConfig, container_name, pool_container_name,
 };
 pub use driver::DockerDriver;
 pub use supervised::{CONTAINER_BINARY, CONTAINER_RUN_DIR, CONTAINER_SOCKET};

@@ -103,6 +103,11 @@ impl DockerSupervisor {
         })
     }
 
+    /// Starts the supervisor now, before any exec (a warm-pool container's).
+    pub async fn warm_up(&self, container: Target<'_>, user: &str) {
+        let _ = self.control(container, user).await;
+    }
+
     /// The live control connection, starting a supervisor when none is connected. `None`
     /// when none could be had.
     async fn control(&self, container: Target<'_>, user: &str) -> Option<Arc<UnixStream>> {

@@ -82,6 +82,12 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
         let row = unsupervised_case(ctx, backend, &case, docker_container.as_ref()).await;
         results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
     }
+    // A first session served from a warm pool, on a cluster of its own.
+    if available.contains(&"docker") {
+        let case = "provision docker --warm-pool";
+        let row = pool_case(ctx, &registry, case).await;
+        results.push(common::row_or_error(NAME, case, &ctx.machine, row));
+    }
     // The targets are ratios to Berth's own local exec (same run).
     let local_p50 = results
         .iter()
@@ -367,6 +373,64 @@ async fn provision_case(
     result.wall_s = total.as_secs_f64();
     result.set_floor(Floor { name: floor_name.into(), latency_ms: Summary::of(&floor_latencies), throughput: None });
     Ok(result)
+}
+
+/// Fresh workspaces claimed from a warm pool filled beforehand (one per sample), against
+/// the registry round trips of their binds.
+async fn pool_case(ctx: &Ctx, registry: &Arc<EtcdRegistry>, case: &str) -> anyhow::Result<ScenarioResult> {
+    let samples = ctx.settings.provision_samples;
+    let etcd = env::start_etcd().await?;
+    let mut config = env::cluster_config(ctx, &etcd, 1, 1);
+    config.node_flags = vec!["--backend".into(), "docker".into(), "--warm-pool".into(), format!("docker={samples}")];
+    let cluster = env::start_cluster(config).await?;
+    let node_id = cluster.nodes[0].id.clone();
+    progress!("{NAME}: waiting for a warm pool of {samples} on docker");
+    let deadline = Instant::now() + Duration::from_secs(30 + 5 * samples as u64);
+    loop {
+        let ready = ready_pool_containers(&node_id)?;
+        if ready >= samples {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the warm pool holds {ready} of {samples} after the deadline");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let channel = env::connect(&cluster.replicas[0].server.endpoint).await?;
+    let mut client = env::workspace_client(channel);
+    let run_tag = format!("{:08x}", rand::random::<u32>());
+    let mut latencies = Vec::with_capacity(samples);
+    for index in 0..samples {
+        let request = create_request(&format!("pool-{run_tag}-{index}"), "coder", "docker");
+        let started = Instant::now();
+        client.create_session(request).await.context("CreateSession from the warm pool")?;
+        latencies.push(started.elapsed());
+    }
+    let mut floor_latencies = Vec::with_capacity(samples);
+    for index in 0..samples {
+        let started = Instant::now();
+        bind_writes(registry, &format!("/bench-pool-floor-{run_tag}"), index).await?;
+        floor_latencies.push(started.elapsed());
+    }
+    drop(cluster);
+    let mut result = ScenarioResult::new(NAME, case, &ctx.machine).param("backend", "docker").param("samples", samples);
+    let total: Duration = latencies.iter().sum();
+    result.latency_ms = Summary::of(&latencies);
+    result.throughput = Some(Quantity::new(samples as f64 / total.as_secs_f64(), "workspaces/s"));
+    result.wall_s = total.as_secs_f64();
+    result.set_floor(Floor {
+        name: "3 etcd round trips of a bind".into(),
+        latency_ms: Summary::of(&floor_latencies),
+        throughput: None,
+    });
+    Ok(result)
+}
+
+/// Pool containers of a node (claimed or not).
+fn ready_pool_containers(node_id: &str) -> anyhow::Result<usize> {
+    let output = Command::new("docker")
+        .args(["ps", "-q", "--filter", "label=berth.pool", "--filter", &format!("label=berth.node.id={node_id}")])
+        .output()
+        .context("docker ps")?;
+    Ok(String::from_utf8_lossy(&output.stdout).lines().count())
 }
 
 /// The registry round trips of one bind, in order, as Berth makes them: take the lock and

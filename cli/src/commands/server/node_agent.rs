@@ -98,6 +98,11 @@ pub struct NodeFlags {
     /// Most workspaces this node accepts (0 = unlimited).
     #[arg(long, default_value_t = 0)]
     pub capacity: u32,
+    /// Warm pool: containers made ahead of time per backend (`docker=4`; comma-separated
+    /// or repeated), claimed by fresh workspaces with the node's default spec, refilled in
+    /// the background, within --capacity. Only docker has one.
+    #[arg(long, env = "BERTH_WARM_POOL", value_delimiter = ',', value_parser = parse_pool_size)]
+    pub warm_pool: Vec<(String, usize)>,
     /// Largest file one write may create, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
     pub max_file_bytes: u64,
@@ -240,6 +245,7 @@ impl NodeFlags {
         config.exec_output_budget_bytes = self.limits.exec_output_budget_bytes;
         config.labels = self.labels.iter().cloned().collect();
         config.capacity_workspaces = self.capacity;
+        config.warm_pool = self.warm_pool.iter().cloned().collect();
         config.max_file_bytes = self.max_file_bytes;
         config.debug_provision_delay = self.debug_provision_delay;
         config.debug_destroy_delay = self.debug_destroy_delay;
@@ -268,6 +274,13 @@ impl NodeFlags {
         }
         Ok(())
     }
+}
+
+/// `BACKEND=SIZE` of `--warm-pool`.
+fn parse_pool_size(text: &str) -> Result<(String, usize), String> {
+    let (backend, size) = crate::commands::parse_key_value(text)?;
+    let size = size.parse().map_err(|_| format!("--warm-pool {text:?}: the size must be a whole number"))?;
+    Ok((backend, size))
 }
 
 pub async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<i32> {
