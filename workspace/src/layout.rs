@@ -29,6 +29,13 @@ pub const SESSIONS_DIR: &str = "sessions";
 /// create-if-absent, so a writer landing between the check and the seed could be replaced
 /// by `[]`. Callers run this at provision time, before the workspace serves requests.
 pub async fn ensure<B: Backend + ?Sized>(backend: &B) -> Result<()> {
+    // One listing when it is all there (every provision of a workspace that has it, a warm
+    // pool's slot), instead of a call per entry.
+    if let Ok(entries) = backend.list_dir(&RelPath::root()).await
+        && is_complete(&entries)
+    {
+        return Ok(());
+    }
     for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
         backend.mkdir(&RelPath::parse(dir)?, true).await?;
     }
@@ -41,4 +48,15 @@ pub async fn ensure<B: Backend + ?Sized>(backend: &B) -> Result<()> {
         }
         Err(error) => Err(error),
     }
+}
+
+/// Whether a root listing holds the whole layout (directories as directories, `.mcp`
+/// whatever it is: it is never replaced).
+fn is_complete(entries: &[crate::file::FileInfo]) -> bool {
+    let has = |name: &str, directory: bool| {
+        entries
+            .iter()
+            .any(|entry| entry.name() == name && (!directory || entry.kind == crate::file::FileKind::Directory))
+    };
+    [SKILLS_DIR, DATA_DIR, SESSIONS_DIR].into_iter().all(|dir| has(dir, true)) && has(MCP_FILE, false)
 }

@@ -355,7 +355,8 @@ impl DockerDriver {
                 std::fs::create_dir_all(&root).map_err(|error| {
                     WorkspaceError::from_io("create a warm pool slot", &root.display().to_string(), error)
                 })?;
-                prepare_root(&root, uid, gid)
+                prepare_root(&root, uid, gid)?;
+                seed_layout(&root, uid, gid)
             })
             .await
             .map_err(|error| WorkspaceError::Backend {
@@ -691,6 +692,28 @@ impl BackendDriver for DockerDriver {
         }
         Ok(PoolLevel { ready: pool.ready_count(), claimed: pool.claimed() })
     }
+}
+
+/// Seeds a fresh slot directory (made by this agent a moment ago, nothing of a workspace
+/// has run in it) with the workspace layout, as the workspace user made it: the node's
+/// layout check at provision then finds it complete in one listing.
+fn seed_layout(root: &Path, uid: u32, gid: u32) -> Result<()> {
+    use berth_workspace::layout::{DATA_DIR, EMPTY_MCP, MCP_FILE, SESSIONS_DIR, SKILLS_DIR};
+    use std::os::unix::fs::PermissionsExt as _;
+    let failed =
+        |path: &Path, error| WorkspaceError::from_io("seed a warm pool slot", &path.display().to_string(), error);
+    for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
+        let path = root.join(dir);
+        std::fs::create_dir(&path)
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)))
+            .and_then(|()| std::os::unix::fs::lchown(&path, Some(uid), Some(gid)))
+            .map_err(|error| failed(&path, error))?;
+    }
+    let path = root.join(MCP_FILE);
+    std::fs::write(&path, EMPTY_MCP)
+        .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)))
+        .and_then(|()| std::os::unix::fs::lchown(&path, Some(uid), Some(gid)))
+        .map_err(|error| failed(&path, error))
 }
 
 /// Whether a directory exists and holds nothing (a fresh workspace's root).

@@ -183,6 +183,9 @@ async fn pool_suite_fixture() -> Fixture<Node> {
     let backend = node.provision("ws-suite", &WorkspaceSpec::default()).await;
     let level = node.driver.fill_pool(0).await.expect("empty the warm pool");
     assert_eq!(level, PoolLevel { ready: 0, claimed: 1 }, "the suite's workspace is not the pool's");
+    // A slot comes with the workspace layout the node makes in every root; the suites
+    // start from an empty one.
+    sh_ok(&*backend, "rm -r .mcp skills data sessions", &[]).await;
     Fixture::new(backend, node)
 }
 
@@ -706,10 +709,14 @@ impl Node {
 
 /// What a workspace can see of its container's history: env, files, processes.
 async fn traces(backend: &BackendRef) -> Vec<String> {
+    // As the node leaves every workspace: with its layout (a pool slot has it seeded).
+    berth_workspace::layout::ensure(&**backend).await.unwrap();
     let mut seen = Vec::new();
     for command in [
         "env | grep -v -e '^HOSTNAME=' -e '^BERTH_EXEC_ID=' | sort",
         "ls -A /workspace /tmp /home/berth",
+        "stat -c '%n %U:%G %a %F' /workspace /workspace/.mcp /workspace/skills /workspace/data /workspace/sessions",
+        "cat /workspace/.mcp",
         "ps -o user,args",
     ] {
         let text = stdout_text(&sh_ok(&**backend, command, &[]).await);
