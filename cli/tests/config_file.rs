@@ -215,6 +215,7 @@ fn lists_fill_repeatable_flags() {
         data-dir = "/var/lib/berth"
         backend = ["bubblewrap", "local"]
         label = ["zone=a", "disk=ssd"]
+        warm-pool = ["docker=4"]
     "#;
     std::fs::write(&path, text).expect("write config");
     assert!(
@@ -229,6 +230,7 @@ fn lists_fill_repeatable_flags() {
     let labels: Vec<(&str, &str)> =
         args.common.labels.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
     assert_eq!(labels, [("zone", "a"), ("disk", "ssd")]);
+    assert_eq!(args.common.warm_pool, [("docker".to_owned(), 4)]);
     assert_eq!(args.data_dir, Path::new("/var/lib/berth"));
 }
 

@@ -329,6 +329,23 @@ mod tests {
     }
 
     #[test]
+    fn a_warm_pool_is_for_an_offered_backend_that_has_one() {
+        let mut config = NodeAgentConfig::new("node-1", "/data/node-1");
+        config.control_planes = vec!["http://127.0.0.1:7070".into()];
+        config.backends = vec!["docker".into(), "bubblewrap".into()];
+        config.warm_pool = [("docker".to_owned(), 4)].into();
+        config.validate().unwrap();
+        config.warm_pool = [("bubblewrap".to_owned(), 4)].into();
+        assert!(config.validate().unwrap_err().contains("bubblewrap has no warm pool"));
+        config.backends = vec!["bubblewrap".into()];
+        config.warm_pool = [("docker".to_owned(), 4)].into();
+        assert!(config.validate().unwrap_err().contains("does not offer"));
+        config.backends = vec!["docker".into()];
+        config.warm_pool = [("docker".to_owned(), MAX_WARM_POOL + 1)].into();
+        assert!(config.validate().unwrap_err().contains("at most"));
+    }
+
+    #[test]
     fn local_needs_the_switch_and_is_never_the_default_next_to_a_sandbox() {
         let mut config = NodeAgentConfig::new("node-1", "/data/node-1");
         config.control_planes = vec!["http://127.0.0.1:7070".into()];
