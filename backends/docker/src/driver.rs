@@ -209,10 +209,17 @@ impl DockerDriver {
         id: String,
         state: Option<ContainerSummaryStateEnum>,
         run_dir: Option<PathBuf>,
+        started: Option<(Option<i64>, i64)>,
     ) -> Result<BackendRef> {
         let (uid, gid) = self.user;
-        self.start(&id, state).await?;
-        let (pids_limit, pid) = self.inspect_started(&id).await?;
+        let (pids_limit, pid) = match started {
+            // A ready pool slot: started, and read then.
+            Some(started) => started,
+            None => {
+                self.start(&id, state).await?;
+                self.inspect_started(&id).await?
+            }
+        };
         if context.spec.network {
             let pid = u32::try_from(pid).ok().filter(|pid| *pid > 0).ok_or_else(|| WorkspaceError::Backend {
                 backend: BACKEND_NAME,
@@ -279,7 +286,7 @@ impl DockerDriver {
             _ => None,
         };
         let run_dir = self.pool_run_dir(&claim.slot)?;
-        Ok(Some(self.handle(context, claim.container_id, state, run_dir).await?))
+        Ok(Some(self.handle(context, claim.container_id, state, run_dir, None).await?))
     }
 
     /// Serves a fresh workspace with the default spec from the pool: `None` when the spec
@@ -309,8 +316,12 @@ impl DockerDriver {
             return Ok(None);
         }
         let run_dir = self.pool_run_dir(&claim.slot)?;
-        let running = Some(ContainerSummaryStateEnum::RUNNING);
-        match self.handle(context, claim.container_id.clone(), running, run_dir).await {
+        // Its init still there (one stat): what was read when it started holds. Else (it
+        // stopped while it waited, or this agent cannot see the engine's pids) the usual
+        // start and inspect.
+        let known = slot.started.filter(|(_, pid)| *pid > 0 && Path::new(&format!("/proc/{pid}")).exists());
+        let state = known.map(|_| ContainerSummaryStateEnum::RUNNING);
+        match self.handle(context, claim.container_id.clone(), state, run_dir, known).await {
             Ok(handle) => Ok(Some(handle)),
             Err(error) => {
                 // The slot's container died or was removed while it waited: the workspace
@@ -377,9 +388,10 @@ impl DockerDriver {
             .create_container(Some(options), body)
             .await
             .map_err(|error| docker_error("creating a warm pool container", error))?;
-        let slot = Slot { name, container_id: created.id };
+        let mut slot = Slot { name, container_id: created.id, started: None };
         let started = async {
             self.start(&slot.container_id, None).await?;
+            let started = self.inspect_started(&slot.container_id).await?;
             if let Some(run_dir) = run_dir
                 && let Some(supervisor) = self.supervisor_of(&slot.container_id, run_dir)
             {
@@ -395,11 +407,14 @@ impl DockerDriver {
                 // Started now, so the claiming workspace's first exec is a fork.
                 supervisor.warm_up(handle.target(), &handle.user).await;
             }
-            Ok::<(), WorkspaceError>(())
+            Ok::<_, WorkspaceError>(started)
         };
-        if let Err(error) = started.await {
-            self.remove_slot(pool, &slot).await;
-            return Err(error);
+        match started.await {
+            Ok(started) => slot.started = Some(started),
+            Err(error) => {
+                self.remove_slot(pool, &slot).await;
+                return Err(error);
+            }
         }
         Ok(slot)
     }
@@ -408,7 +423,8 @@ impl DockerDriver {
     /// directory go, then its record.
     async fn drop_claim(&self, pool: &Pool, claim: &Claim) -> Result<()> {
         self.remove(&claim.container_id).await?;
-        self.remove_slot(pool, &Slot { name: claim.slot.clone(), container_id: claim.container_id.clone() }).await;
+        let slot = Slot { name: claim.slot.clone(), container_id: claim.container_id.clone(), started: None };
+        self.remove_slot(pool, &slot).await;
         pool.forget_claim(claim);
         Ok(())
     }
@@ -457,7 +473,7 @@ impl DockerDriver {
                 .and_then(|labels| labels.get(ROOT_LABEL))
                 .is_some_and(|root| Path::new(root).starts_with(pool.slots_dir()));
             if ours && !claimed.contains(&name) && !ready.contains(&name) {
-                self.remove_slot(pool, &Slot { name, container_id: id }).await;
+                self.remove_slot(pool, &Slot { name, container_id: id, started: None }).await;
             }
         }
         if let Ok(entries) = std::fs::read_dir(pool.slots_dir()) {
@@ -599,7 +615,7 @@ impl BackendDriver for DockerDriver {
             None => (self.create(&context, run_dir.is_some()).await?, None, run_dir.is_some()),
         };
         let run_dir = run_dir.filter(|_| supervised);
-        self.handle(&context, id, state, run_dir).await
+        self.handle(&context, id, state, run_dir, None).await
     }
 
     async fn release(&self, workspace_id: &WorkspaceId) -> Result<()> {

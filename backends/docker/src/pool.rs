@@ -30,6 +30,9 @@ use berth_workspace::id::WorkspaceId;
 pub(crate) struct Slot {
     pub name: String,
     pub container_id: String,
+    /// Its pids limit and the host pid of its init, read when it started (a claim needs
+    /// no inspect of its own).
+    pub started: Option<(Option<i64>, i64)>,
 }
 
 /// A workspace's claim of a slot, as recorded on disk.
@@ -218,10 +221,10 @@ impl Pool {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(WorkspaceError::from_io("stat a warm pool slot", &shown, error)),
         }
+        // Not synced: the record is what survives a crash, and this redoes whatever of the
+        // rename and the link was lost.
         std::os::unix::fs::symlink(root, &slot_root)
-            .map_err(|error| WorkspaceError::from_io("link a claimed warm pool slot to its root", &shown, error))?;
-        let slots = self.slots_dir();
-        sync_dir(&slots).map_err(|error| WorkspaceError::from_io("sync the warm pool slots", &shown, error))
+            .map_err(|error| WorkspaceError::from_io("link a claimed warm pool slot to its root", &shown, error))
     }
 
     /// Removes a claim's record and its slot's link (its container is gone).
