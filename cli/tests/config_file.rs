@@ -151,7 +151,7 @@ fn a_missing_file_is_an_error() {
 /// Values one of which every server flag without a default accepts (durations, numbers,
 /// key=value, URLs, paths, address ranges); a flag's default and possible values are tried
 /// first.
-const CANDIDATES: [&str; 6] = ["1s", "1", "zone=a", "http://127.0.0.1:1", "/etc/berth/x", "10.0.0.0/8"];
+const CANDIDATES: [&str; 7] = ["1s", "1", "zone=a", "docker=1", "http://127.0.0.1:1", "/etc/berth/x", "10.0.0.0/8"];
 
 #[test]
 fn every_flag_of_every_server_command_is_a_key() {
