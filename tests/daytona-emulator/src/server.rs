@@ -64,8 +64,25 @@ pub struct Emulator {
 struct TempRoot(PathBuf);
 
 impl Drop for TempRoot {
+    /// The emulator's drop has just SIGKILLed the sandboxes' inits: their processes may
+    /// still be writing (an exec's status file) while they die, and a removal that meets a
+    /// file made after it listed a directory fails. Tried again until it is gone, for 5 s
+    /// at most.
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match std::fs::remove_dir_all(&self.0) {
+                Ok(()) => return,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => return,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(error) => {
+                    eprintln!("daytona emulator: cannot remove {}: {error}", self.0.display());
+                    return;
+                }
+            }
+        }
     }
 }
 
