@@ -68,7 +68,7 @@ pub struct DockerDriver {
     /// The supervisor of each container made with one, by container id.
     supervisors: std::sync::Mutex<HashMap<String, Arc<DockerSupervisor>>>,
     /// The warm pool, when the config names its directory.
-    pool: Option<Pool>,
+    pool: Option<Arc<Pool>>,
 }
 
 impl DockerDriver {
@@ -94,7 +94,7 @@ impl DockerDriver {
         }
         let user = config.effective_user();
         let networks = SandboxNetworks::new(config.network.clone(), BACKEND_NAME);
-        let pool = config.warm_pool.as_ref().map(|pool| Pool::new(pool.dir.clone()));
+        let pool = config.warm_pool.as_ref().map(|pool| Arc::new(Pool::new(pool.dir.clone())));
         Ok(Self { docker, config, user, networks, supervisors: std::sync::Mutex::default(), pool })
     }
 

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, ListContainersOptionsBuilder};
@@ -26,10 +27,11 @@ impl DockerDriver {
     /// gets a container of its own.
     pub(super) async fn provision_claimed(
         &self,
-        pool: &Pool,
+        pool: &Arc<Pool>,
         context: &ProvisionContext<'_>,
     ) -> Result<Option<BackendRef>> {
-        let Some(claim) = pool.claim_of(context.workspace_id)? else {
+        let workspace_id = context.workspace_id.clone();
+        let Some(claim) = on_disk(pool, move |pool| pool.claim_of(&workspace_id)).await? else {
             return Ok(None);
         };
         let state = match self.docker.inspect_container(&claim.container_id, None).await {
@@ -41,7 +43,7 @@ impl DockerDriver {
             }
             Err(error) => return Err(docker_error("inspecting a container", error)),
         };
-        if let Err(error) = pool.finish_claim(&claim, context.root) {
+        if let Err(error) = finish_claim(pool, &claim, context.root).await {
             // The claim stopped before its rename and the root has files since (a restore
             // into it): the slot's directory is not the workspace's. Its container goes;
             // the workspace gets one of its own on its root.
@@ -60,7 +62,7 @@ impl DockerDriver {
 
     /// Serves a fresh workspace with the default spec from the pool: `None` when the spec
     /// or the root rules it out or no slot is ready.
-    pub(super) async fn claim(&self, pool: &Pool, context: &ProvisionContext<'_>) -> Result<Option<BackendRef>> {
+    pub(super) async fn claim(&self, pool: &Arc<Pool>, context: &ProvisionContext<'_>) -> Result<Option<BackendRef>> {
         if !self.pool_serves(context.spec) || !dir_is_empty(context.root) {
             return Ok(None);
         }
@@ -72,7 +74,8 @@ impl DockerDriver {
             slot: slot.name.clone(),
             container_id: slot.container_id.clone(),
         };
-        match pool.record_claim(&claim) {
+        let recorded = claim.clone();
+        match on_disk(pool, move |pool| pool.record_claim(&recorded)).await {
             Ok(true) => {}
             // A concurrent provision of this workspace claimed first: take its container.
             Ok(false) => {
@@ -86,7 +89,7 @@ impl DockerDriver {
         }
         pool.count_claim();
         tracing::info!(ws_id = %context.workspace_id, container = %claim.container_id, slot = %claim.slot, "claimed a warm pool container");
-        if let Err(error) = pool.finish_claim(&claim, context.root) {
+        if let Err(error) = finish_claim(pool, &claim, context.root).await {
             tracing::warn!(ws_id = %context.workspace_id, %error, "a warm pool claim failed; making a container");
             self.drop_claim(pool, &claim).await?;
             return Ok(None);
@@ -316,4 +319,22 @@ fn seed_layout(root: &Path, uid: u32, gid: u32) -> Result<()> {
 /// Whether a directory exists and holds nothing (a fresh workspace's root).
 fn dir_is_empty(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
+/// Runs a step of the pool's bookkeeping off the async workers: claim records are synced
+/// to disk, and directories renamed.
+async fn on_disk<T: Send + 'static>(
+    pool: &Arc<Pool>,
+    step: impl FnOnce(&Pool) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let pool = Arc::clone(pool);
+    tokio::task::spawn_blocking(move || step(&pool)).await.map_err(|error| WorkspaceError::Backend {
+        backend: BACKEND_NAME,
+        message: format!("warm pool bookkeeping: {error}"),
+    })?
+}
+
+async fn finish_claim(pool: &Arc<Pool>, claim: &Claim, root: &Path) -> Result<()> {
+    let (claim, root) = (claim.clone(), root.to_path_buf());
+    on_disk(pool, move |pool| pool.finish_claim(&claim, &root)).await
 }
