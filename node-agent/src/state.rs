@@ -238,6 +238,11 @@ impl Workspaces {
         self.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(id).cloned()
     }
 
+    /// How many workspaces this node holds.
+    pub fn held(&self) -> usize {
+        self.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
+    }
+
     pub fn all(&self) -> Vec<Arc<Entry>> {
         self.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner()).values().cloned().collect()
     }

@@ -40,7 +40,7 @@ pub async fn keep_warm(
             // One runtime more at a time: a fill is never cut short (a runtime half made
             // would be left behind), and a stop waits for one making at most.
             let have = ready.get(backend).copied().unwrap_or_default();
-            let wanted = target(*size, capacity, workspaces.all().len()).min(have + 1);
+            let wanted = target(*size, capacity, workspaces.held()).min(have + 1);
             match workspaces.fill_pool(backend, wanted).await {
                 Ok(level) => {
                     crate::metrics::warm_pool(backend, level);
@@ -59,7 +59,7 @@ pub async fn keep_warm(
             break;
         }
         let filling = sizes.iter().any(|(backend, size)| {
-            ready.get(backend).copied().unwrap_or_default() < target(*size, capacity, workspaces.all().len())
+            ready.get(backend).copied().unwrap_or_default() < target(*size, capacity, workspaces.held())
                 && !failed_until.contains_key(backend)
         });
         let pause = if filling { Duration::ZERO } else { CHECK_EVERY };
