@@ -210,3 +210,42 @@ async fn a_node_refuses_release_destroy_and_provision_from_an_older_generation()
     let exec = replica.exec(&workspace_id, &["true"]).await.expect("still running");
     assert_eq!(exec.exit_code, 0);
 }
+
+/// A provision reads a host root's layout on the host and calls into the sandbox only for
+/// what is missing: the parts a tenant removed come back when the workspace is provisioned
+/// again, and its own files stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provision_puts_back_the_layout_a_tenant_removed() {
+    let cluster = Cluster::start(ClusterConfig::on_shared_etcd(1, 1)).await.expect("cluster");
+    let replica = &cluster.replicas[0].server;
+    let session = replica.create_session("lee", "agent").await.expect("create");
+    let workspace_id = session.workspace_id;
+    replica.write_file(&workspace_id, "keep.txt", b"mine").await.expect("write");
+    let removed = replica
+        .exec(&workspace_id, &["sh", "-c", "rm -rf sessions data .mcp"])
+        .await
+        .expect("exec");
+    assert_eq!(removed.exit_code, 0, "{removed:?}");
+    let placed = replica.get_workspace(&workspace_id).await.expect("get");
+    let mut client = NodeAgentServiceClient::new(cluster.nodes[0].server.channel());
+    let generation = placed.generation;
+    client.release(at(v1::ReleaseRequest { workspace_id: workspace_id.clone() }, generation)).await.expect("release");
+    let provision = v1::ProvisionRequest {
+        workspace_id: workspace_id.clone(),
+        generation,
+        backend: String::new(),
+        spec: None,
+        fresh: false,
+        owner: String::new(),
+        ..Default::default()
+    };
+    client.provision(at(provision, generation)).await.expect("provision again");
+
+    let listed = replica
+        .exec(&workspace_id, &["sh", "-c", "cat .mcp; for d in skills data sessions; do test -d $d -a ! -L $d && echo $d; done"])
+        .await
+        .expect("exec");
+    assert_eq!(String::from_utf8_lossy(&listed.stdout), "[]skills\ndata\nsessions\n", "{listed:?}");
+    let kept = replica.read_file(&workspace_id, "keep.txt").await.expect("read");
+    assert_eq!(kept, b"mine");
+}

@@ -50,6 +50,16 @@ pub async fn ensure<B: Backend + ?Sized>(backend: &B) -> Result<()> {
     }
 }
 
+/// Whether a host directory holds the whole layout, read from the host without following a
+/// link (a link named `skills` is not the directory): for drivers whose root is a host
+/// directory, one local listing instead of a call into the sandbox on every provision.
+/// `false` when it cannot be read; the caller then runs [`ensure`] through the backend.
+pub fn is_complete_on_host(root: &std::path::Path) -> bool {
+    let kind = |name: &str| std::fs::symlink_metadata(root.join(name)).ok().map(|meta| meta.file_type());
+    [SKILLS_DIR, DATA_DIR, SESSIONS_DIR].into_iter().all(|dir| kind(dir).is_some_and(|kind| kind.is_dir()))
+        && kind(MCP_FILE).is_some_and(|kind| !kind.is_symlink())
+}
+
 /// Whether a root listing holds the whole layout (directories as directories, `.mcp`
 /// whatever it is: it is never replaced).
 fn is_complete(entries: &[crate::file::FileInfo]) -> bool {
@@ -59,4 +69,58 @@ fn is_complete(entries: &[crate::file::FileInfo]) -> bool {
             .any(|entry| entry.name() == name && (!directory || entry.kind == crate::file::FileKind::Directory))
     };
     [SKILLS_DIR, DATA_DIR, SESSIONS_DIR].into_iter().all(|dir| has(dir, true)) && has(MCP_FILE, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    fn seeded() -> tempfile::TempDir {
+        let root = tempfile::tempdir().expect("temp dir");
+        for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
+            std::fs::create_dir(root.path().join(dir)).expect("mkdir");
+        }
+        std::fs::write(root.path().join(MCP_FILE), EMPTY_MCP).expect("write .mcp");
+        root
+    }
+
+    #[test]
+    fn a_seeded_host_root_is_complete() {
+        assert!(is_complete_on_host(seeded().path()));
+    }
+
+    #[test]
+    fn a_missing_part_or_an_unreadable_root_is_not_complete() {
+        for missing in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
+            let root = seeded();
+            std::fs::remove_dir(root.path().join(missing)).expect("rmdir");
+            assert!(!is_complete_on_host(root.path()), "{missing} removed");
+        }
+        let root = seeded();
+        std::fs::remove_file(root.path().join(MCP_FILE)).expect("rm .mcp");
+        assert!(!is_complete_on_host(root.path()));
+        assert!(!is_complete_on_host(&root.path().join("no-such-root")));
+        // A file where a directory belongs.
+        let root = seeded();
+        std::fs::remove_dir(root.path().join(DATA_DIR)).expect("rmdir");
+        std::fs::write(root.path().join(DATA_DIR), b"x").expect("write");
+        assert!(!is_complete_on_host(root.path()));
+    }
+
+    /// A tenant's link in place of a layout entry is never taken for it from the host:
+    /// the backend's own `ensure` (inside the sandbox) decides then.
+    #[test]
+    fn links_in_place_of_layout_entries_are_not_complete() {
+        let elsewhere = tempfile::tempdir().expect("temp dir");
+        let root = seeded();
+        std::fs::remove_dir(root.path().join(SKILLS_DIR)).expect("rmdir");
+        symlink(elsewhere.path(), root.path().join(SKILLS_DIR)).expect("symlink");
+        assert!(!is_complete_on_host(root.path()));
+        let root = seeded();
+        std::fs::remove_file(root.path().join(MCP_FILE)).expect("rm");
+        symlink("/etc/passwd", root.path().join(MCP_FILE)).expect("symlink");
+        assert!(!is_complete_on_host(root.path()));
+    }
 }
