@@ -221,10 +221,7 @@ async fn a_provision_puts_back_the_layout_a_tenant_removed() {
     let session = replica.create_session("lee", "agent").await.expect("create");
     let workspace_id = session.workspace_id;
     replica.write_file(&workspace_id, "keep.txt", b"mine").await.expect("write");
-    let removed = replica
-        .exec(&workspace_id, &["sh", "-c", "rm -rf sessions data .mcp"])
-        .await
-        .expect("exec");
+    let removed = replica.exec(&workspace_id, &["sh", "-c", "rm -rf sessions data .mcp"]).await.expect("exec");
     assert_eq!(removed.exit_code, 0, "{removed:?}");
     let placed = replica.get_workspace(&workspace_id).await.expect("get");
     let mut client = NodeAgentServiceClient::new(cluster.nodes[0].server.channel());
@@ -242,7 +239,10 @@ async fn a_provision_puts_back_the_layout_a_tenant_removed() {
     client.provision(at(provision, generation)).await.expect("provision again");
 
     let listed = replica
-        .exec(&workspace_id, &["sh", "-c", "cat .mcp; for d in skills data sessions; do test -d $d -a ! -L $d && echo $d; done"])
+        .exec(
+            &workspace_id,
+            &["sh", "-c", "cat .mcp; for d in skills data sessions; do test -d $d -a ! -L $d && echo $d; done"],
+        )
         .await
         .expect("exec");
     assert_eq!(String::from_utf8_lossy(&listed.stdout), "[]skills\ndata\nsessions\n", "{listed:?}");

@@ -65,6 +65,20 @@ impl LocalBackend {
     }
 }
 
+/// Where `execvp` would find `program` with `path` as PATH in a child whose working directory
+/// is `cwd`: the first executable regular file (an empty or relative entry is relative to
+/// `cwd`). `None` for a name with a slash (the exec resolves it as it is) or when nothing
+/// matches (the spawn then reports the program missing as before).
+fn find_program(program: &str, path: &str, cwd: &Path) -> Option<PathBuf> {
+    if program.contains('/') || program.is_empty() {
+        return None;
+    }
+    path.split(':').map(|dir| cwd.join(dir).join(program)).find(|candidate| {
+        std::fs::metadata(candidate).is_ok_and(|meta| meta.is_file())
+            && nix::unistd::access(candidate.as_path(), nix::unistd::AccessFlags::X_OK).is_ok()
+    })
+}
+
 #[async_trait]
 impl Backend for LocalBackend {
     fn name(&self) -> &'static str {
@@ -75,8 +89,13 @@ impl Backend for LocalBackend {
         spec.validate()?;
         let cwd = self.files.resolve_dir(&spec.cwd).await?;
         let program = &spec.argv[0];
-        let mut command = Command::new(program);
+        let path = spec.env.get("PATH").or_else(|| self.base_env.get("PATH")).map_or(DEFAULT_PATH, String::as_str);
+        // Found here as the child's exec would find it: a program named by path spawns
+        // without copying this process (`posix_spawn`), where a bare name searched in a PATH
+        // of the child's own makes the standard library fork the whole node agent.
+        let mut command = Command::new(find_program(program, path, &cwd).as_deref().unwrap_or(Path::new(program)));
         command
+            .arg0(program)
             .args(&spec.argv[1..])
             .env_clear()
             .env("PATH", DEFAULT_PATH)

@@ -227,3 +227,39 @@ async fn driver_provision_is_idempotent() {
 
 berth_testkit::contract_suite!(local_contract, local_fixture());
 berth_testkit::contract_suite!(local_primitives_contract, primitives_fixture());
+
+/// A bare program name is found as the child's `execvp` would find it, in the PATH the
+/// process gets (the exec's own, relative entries from its working directory, entries that
+/// are not executable files skipped), and a program sees the name it was given as argv[0]
+/// (a script's interpreter gets the path it was found at, as the kernel hands it).
+#[tokio::test]
+async fn programs_are_found_in_the_processes_own_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, root) = temp_root();
+    let backend = LocalBackend::open(&root).unwrap();
+    let script = |path: &Path, body: &str, mode: u32| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, body).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    // A decoy that is not executable, and a directory of the same name, ahead of the real one.
+    script(&root.join("decoy/hello"), "#!/bin/sh\necho decoy\n", 0o644);
+    std::fs::create_dir_all(root.join("dirs/hello")).unwrap();
+    script(&root.join("work/bin/hello"), "#!/bin/sh\necho \"hello from $0\"\n", 0o755);
+    let mut spec = ExecSpec::new(vec!["hello".into()]);
+    spec.spawn.cwd = rel("work");
+    spec.spawn.env =
+        BTreeMap::from([("PATH".to_owned(), format!("{}:../dirs:bin:/usr/bin", root.join("decoy").display()))]);
+    let output = backend.exec(&spec).await.unwrap();
+    let expected = format!("hello from {}\n", root.join("work/bin/hello").display());
+    assert_eq!(String::from_utf8_lossy(&output.stdout), expected, "{output:?}");
+    assert_eq!(output.exit_code, 0);
+
+    // Not in that PATH (it is in the default one): missing, as the child would find it.
+    let mut spec = ExecSpec::new(vec!["true".into()]);
+    spec.spawn.env = BTreeMap::from([("PATH".to_owned(), root.join("decoy").display().to_string())]);
+    let error = backend.exec(&spec).await.expect_err("true is not in that PATH");
+    assert!(matches!(error, WorkspaceError::SpawnFailed { .. }), "{error:?}");
+    let output = backend.exec(&ExecSpec::new(vec!["sh".into(), "-c".into(), "echo $0".into()])).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "sh\n");
+}
