@@ -170,10 +170,10 @@ impl Access {
         self.quotas.exec(caller.principal().user())
     }
 
-    /// Admits a new workspace owned by `owner` (`--max-workspaces-per-user`); hold the slot
-    /// until the bind has written the record.
-    pub fn create_slot(&self, owner: &str) -> Result<Option<Slot>, ControlPlaneError> {
-        self.quotas.create_workspace(&self.store, owner)
+    /// Admits `workspace`, new and owned by `owner` (`--max-workspaces-per-user`); hold the
+    /// slot until the bind has written the record.
+    pub fn create_slot(&self, owner: &str, workspace: &WorkspaceId) -> Result<Option<Slot>, ControlPlaneError> {
+        self.quotas.create_workspace(&self.store, owner, workspace.as_str())
     }
 
     /// Validates the id, loads the record and checks `action`. A missing workspace and an

@@ -575,7 +575,17 @@ impl WorkspaceStore {
                             return Ok(HolderOutcome::Record(Box::new(record)));
                         }
                     }
-                    WatchEvent::Delete { key, .. } if key == lock_key => return Ok(HolderOutcome::LockReleased),
+                    WatchEvent::Delete { key, .. } if key == lock_key => {
+                        // A holder that bound deleted the lock in the transaction that wrote
+                        // the record, whose event may come second: one read, rather than
+                        // competing again after a backoff for a record that is there.
+                        return Ok(match self.load(workspace_id).await? {
+                            Some(record) if matches!(record.state, StoredState::Ready | StoredState::Failed) => {
+                                HolderOutcome::Record(Box::new(record))
+                            }
+                            _ => HolderOutcome::LockReleased,
+                        });
+                    }
                     _ => {}
                 }
             }

@@ -110,10 +110,19 @@ impl Sessions {
         }
         let owner = if policy == IsolationPolicy::Global && !explicit { String::new() } else { user.clone() };
         // A workspace that does not exist yet counts against its owner's quota; the slot is
-        // held until the bind has written the record (see `quota.rs` for the window).
-        let _create_slot = match self.access.record(&workspace_id).await? {
-            None => self.access.create_slot(&owner)?,
+        // held until the bind has written the record (see `quota.rs` for the window). The
+        // view says whether it is new; only a refusal is checked against the registry (a
+        // workspace made a moment ago through another replica is not new). A read per call
+        // made a first-session storm 1000 linearizable etcd reads that starved its bind.
+        let _create_slot = match self.store.cached(&workspace_id) {
             Some(_) => None,
+            None => match self.access.create_slot(&owner, &workspace_id) {
+                Ok(slot) => slot,
+                Err(refused) => match self.access.record(&workspace_id).await? {
+                    Some(_) => None,
+                    None => return Err(refused),
+                },
+            },
         };
         let any_backend = caller.principal().may_use_any_backend();
         let create = NewWorkspace { owner, agent: agent.clone(), policy, backend: request.backend, spec, any_backend };
