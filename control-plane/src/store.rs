@@ -579,8 +579,9 @@ impl WorkspaceStore {
                         // A holder that bound deleted the lock in the transaction that wrote
                         // the record, whose event may come second: one read, rather than
                         // competing again after a backoff for a record that is there.
-                        return Ok(match self.load(workspace_id).await? {
-                            Some(record) if matches!(record.state, StoredState::Ready | StoredState::Failed) => {
+                        // A failed read is a released lock, as before: compete again.
+                        return Ok(match self.load(workspace_id).await {
+                            Ok(Some(record)) if matches!(record.state, StoredState::Ready | StoredState::Failed) => {
                                 HolderOutcome::Record(Box::new(record))
                             }
                             _ => HolderOutcome::LockReleased,
