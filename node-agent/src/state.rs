@@ -497,17 +497,9 @@ impl Workspaces {
             // driver set it): give them the root's owner, as a restored quarantine copy.
             own_like_root(&root, &self.data_dir).await?;
         }
-        // A host root's layout is read on the host (a few stats); only a missing part, or a
-        // portable driver's files, costs calls into the sandbox.
-        let complete_on_host = !driver.portable() && {
-            let root = root.clone();
-            tokio::task::spawn_blocking(move || berth_workspace::layout::is_complete_on_host(&root))
-                .await
-                .unwrap_or(false)
-        };
-        if !complete_on_host {
-            berth_workspace::layout::ensure(handle.as_ref()).await?;
-        }
+        // A host root's layout is read on the host: no call into the sandbox when complete.
+        let host_root = (!driver.portable()).then_some(root.as_path());
+        berth_workspace::layout::ensure_at(handle.as_ref(), host_root).await?;
         // A portable driver knows whether the provider still had the sandbox; for host
         // drivers the data is this node's own directory, known by its entry.
         let created = match adopted {

@@ -50,6 +50,18 @@ pub async fn ensure<B: Backend + ?Sized>(backend: &B) -> Result<()> {
     }
 }
 
+/// [`ensure`] for a workspace whose root is the host directory `host_root` (host drivers;
+/// `None` for a portable driver): the layout is read on the host first (a few `lstat`s), and
+/// the backend is called only for a part that is missing. On Docker that saves an exec.
+pub async fn ensure_at<B: Backend + ?Sized>(backend: &B, host_root: Option<&std::path::Path>) -> Result<()> {
+    if let Some(root) = host_root.map(std::path::Path::to_path_buf)
+        && tokio::task::spawn_blocking(move || is_complete_on_host(&root)).await.unwrap_or(false)
+    {
+        return Ok(());
+    }
+    ensure(backend).await
+}
+
 /// Whether a host directory holds the whole layout, read from the host without following a
 /// link (a link named `skills` is not the directory): for drivers whose root is a host
 /// directory, one local listing instead of a call into the sandbox on every provision.
