@@ -38,7 +38,11 @@ impl DockerDriver {
             Ok(inspected) => inspected.state.and_then(|state| state.status),
             Err(error) if is_not_found(&error) => {
                 tracing::warn!(ws_id = %context.workspace_id, container = %claim.container_id, "the workspace's claimed pool container is gone; making one");
-                pool.forget_claim(&claim);
+                on_disk(pool, move |pool| {
+                    pool.forget_claim(&claim);
+                    Ok(())
+                })
+                .await?;
                 return Ok(None);
             }
             Err(error) => return Err(docker_error("inspecting a container", error)),
@@ -63,7 +67,11 @@ impl DockerDriver {
     /// Serves a fresh workspace with the default spec from the pool: `None` when the spec
     /// or the root rules it out or no slot is ready.
     pub(super) async fn claim(&self, pool: &Arc<Pool>, context: &ProvisionContext<'_>) -> Result<Option<BackendRef>> {
-        if !self.pool_serves(context.spec) || !dir_is_empty(context.root) {
+        if !self.pool_serves(context.spec) {
+            return Ok(None);
+        }
+        let root = context.root.to_path_buf();
+        if !on_disk(pool, move |_| Ok(dir_is_empty(&root))).await? {
             return Ok(None);
         }
         let Some(slot) = pool.take() else {
