@@ -126,11 +126,27 @@ fn failure(stage: Stage, errno: i32, request: &Request, backend: &'static str) -
         Stage::Exec if errno == ENOENT && program.contains('/') => {
             WorkspaceError::SpawnFailed { program, reason: "no such file in the sandbox".into() }
         }
+        Stage::Exec if errno == ENOENT && request.search_path.is_empty() => {
+            WorkspaceError::SpawnFailed { program, reason: "not found in the command's PATH in the sandbox".into() }
+        }
         Stage::Exec if errno == ENOENT => {
             let search_path = String::from_utf8_lossy(&request.search_path);
             WorkspaceError::SpawnFailed { program, reason: format!("not found in the sandbox's PATH ({search_path})") }
         }
         Stage::Exec => WorkspaceError::SpawnFailed { program, reason: error.to_string() },
+        Stage::Resolve => {
+            let path = String::from_utf8_lossy(&request.beneath).into_owned();
+            match errno {
+                ENOENT => WorkspaceError::NotFound { path },
+                ENOTDIR => WorkspaceError::NotADirectory { path },
+                EXDEV | ELOOP => WorkspaceError::PathEscapesRoot { path },
+                ENOSYS | EPERM => WorkspaceError::Unsupported { backend, capability: RESOLVE_BENEATH },
+                _ => WorkspaceError::SpawnFailed {
+                    program,
+                    reason: format!("cannot enter the working directory {path:?}: {error}"),
+                },
+            }
+        }
         Stage::Chdir => {
             WorkspaceError::SpawnFailed { program, reason: format!("cannot enter the working directory: {error}") }
         }
@@ -142,6 +158,17 @@ fn failure(stage: Stage, errno: i32, request: &Request, backend: &'static str) -
 }
 
 const ENOENT: i32 = 2;
+const EPERM: i32 = 1;
+const EXDEV: i32 = 18;
+const ENOTDIR: i32 = 20;
+const ENOSYS: i32 = 38;
+const ELOOP: i32 = 40;
+
+/// What a sandbox without `openat2(2)` (Linux before 5.6, or a seccomp filter that refuses
+/// it) cannot do: [`Request::beneath`]. The error naming it is
+/// `WorkspaceError::Unsupported { capability: RESOLVE_BENEATH, .. }`; the caller resolves
+/// the path some other way then.
+pub const RESOLVE_BENEATH: &str = "resolving a working directory below the root inside the sandbox (openat2)";
 
 /// The supervisor or the exec's shim is gone (a send to a closed socket).
 pub fn is_gone(error: &std::io::Error) -> bool {

@@ -208,20 +208,22 @@ struct Launch {
     argv: Vec<CString>,
     env: Vec<CString>,
     cwd: CString,
+    /// Entered from `cwd`, never leaving it (see [`Request::beneath`]).
+    beneath: Option<CString>,
     /// For a file without a `#!` line (`ENOEXEC`): `/bin/sh <file> <args…>`, as `execvp`.
     shell: CString,
 }
 
 impl Launch {
-    fn new(request: &Request, env: Env) -> Self {
+    fn new(request: &Request, env_kind: Env) -> Self {
         // Decoding refused NULs, so these conversions cannot fail.
         let c_string = |bytes: &[u8]| CString::new(bytes.to_vec()).unwrap_or_default();
         let program = &request.argv[0];
+        let env = environment(request, env_kind);
         let candidates = if program.contains(&b'/') {
             vec![c_string(program)]
         } else {
-            request
-                .search_path
+            search_path(request, env_kind, &env)
                 .split(|byte| *byte == b':')
                 .map(|dir| {
                     // POSIX: an empty PATH entry is the current directory.
@@ -238,8 +240,9 @@ impl Launch {
         Self {
             candidates,
             argv: request.argv.iter().map(|arg| c_string(arg)).collect(),
-            env: environment(request, env).iter().map(|pair| c_string(pair)).collect(),
+            env: env.iter().map(|pair| c_string(pair)).collect(),
             cwd: c_string(&request.cwd),
+            beneath: (!request.beneath.is_empty()).then(|| c_string(&request.beneath)),
             shell: c_string(std::ffi::OsStr::new("/bin/sh").as_bytes()),
         }
     }
@@ -256,6 +259,11 @@ impl Launch {
         }
         if let Err(error) = sys::change_dir(&self.cwd) {
             return (Stage::Chdir, error);
+        }
+        if let Some(beneath) = &self.beneath
+            && let Err(error) = sys::change_dir_beneath(beneath)
+        {
+            return (Stage::Resolve, error);
         }
         for limit in &request.rlimits {
             if let Err(error) = sys::set_rlimit(limit.resource, limit.soft, limit.hard) {
@@ -290,6 +298,20 @@ impl Launch {
         }
         (Stage::Exec, last)
     }
+}
+
+/// Where a bare program name is looked up: the request's search path; with
+/// [`Env::OverOwn`] and none given, the `PATH` the command itself gets (the image's, unless
+/// the request sets one), as a shell starting it would search. Without any `PATH`, the
+/// shells' default.
+fn search_path<'a>(request: &'a Request, env_kind: Env, env: &'a [Vec<u8>]) -> &'a [u8] {
+    if env_kind == Env::Exact || !request.search_path.is_empty() {
+        return &request.search_path;
+    }
+    env.iter()
+        .rev()
+        .find_map(|pair| pair.strip_prefix(b"PATH="))
+        .unwrap_or(b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 }
 
 /// The command's `NAME=VALUE` entries: the request's, over the supervisor's own for

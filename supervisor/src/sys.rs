@@ -78,6 +78,7 @@ unsafe extern "C" {
     fn close(fd: c_int) -> c_int;
     fn setsid() -> pid_t;
     fn chdir(path: *const c_char) -> c_int;
+    fn fchdir(fd: c_int) -> c_int;
     fn setrlimit(resource: c_int, limit: *const rlimit) -> c_int;
     fn kill(pid: pid_t, signal: c_int) -> c_int;
     fn waitpid(pid: pid_t, status: *mut c_int, options: c_int) -> pid_t;
@@ -121,6 +122,9 @@ pub const ECHILD: i32 = 10;
 pub const EAGAIN: i32 = 11;
 pub const EACCES: i32 = 13;
 pub const ENOTDIR: i32 = 20;
+pub const EXDEV: i32 = 18;
+pub const ELOOP: i32 = 40;
+pub const ENOSYS: i32 = 38;
 pub const ESRCH: i32 = 3;
 const AF_UNIX: c_int = 1;
 const SOCK_STREAM: c_int = 1;
@@ -163,6 +167,7 @@ const SYS_CAPSET: c_long = 126;
 const SYS_CAPSET: c_long = 91;
 const SYS_PIDFD_OPEN: c_long = 434;
 const SYS_CLOSE_RANGE: c_long = 436;
+const SYS_OPENAT2: c_long = 437;
 
 fn errno() -> i32 {
     // SAFETY: glibc and musl return a valid pointer to this thread's errno.
@@ -239,6 +244,43 @@ pub fn new_session() -> io::Result<()> {
 pub fn change_dir(path: &CStr) -> io::Result<()> {
     // SAFETY: path is a C string.
     check(unsafe { chdir(path.as_ptr()) }).map(drop)
+}
+
+/// `struct open_how` of `openat2(2)`.
+#[repr(C)]
+struct open_how {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+const AT_FDCWD: c_int = -100;
+const OPEN_DIRECTORY: u64 = 0o200000;
+const OPEN_PATH: u64 = 0o10000000;
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+/// Enters `path`, a relative path resolved below the current directory the way the host
+/// backends resolve a workspace path: every symlink is followed, but one that is absolute,
+/// a `..` above the current directory or a magic `/proc` link fails (`EXDEV` / `ELOOP`),
+/// as does a chain of more than 40 links (`ELOOP`). `openat2(2)` with `RESOLVE_BENEATH`
+/// (Linux 5.6); where it is missing or filtered: `ENOSYS` / `EPERM`.
+pub fn change_dir_beneath(path: &CStr) -> io::Result<()> {
+    let how = open_how {
+        flags: OPEN_PATH | OPEN_DIRECTORY | O_CLOEXEC as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: path is a C string, how a valid open_how of the size passed.
+    let fd = unsafe { syscall(SYS_OPENAT2, AT_FDCWD, path.as_ptr(), &how as *const open_how, size_of::<open_how>()) };
+    if fd < 0 {
+        return Err(io::Error::from_raw_os_error(errno()));
+    }
+    let fd = fd as RawFd;
+    // SAFETY: fd was just opened.
+    let entered = check(unsafe { fchdir(fd) }).map(drop);
+    close_fd(fd);
+    entered
 }
 
 pub fn set_rlimit(resource: u32, soft: u64, hard: u64) -> io::Result<()> {

@@ -54,6 +54,11 @@ pub struct Request {
     pub env: Vec<Vec<u8>>,
     /// The sandbox path to start in.
     pub cwd: Vec<u8>,
+    /// A relative path resolved below `cwd` to start in instead (empty: `cwd` itself). Its
+    /// symlinks are followed, but one leading out of `cwd` (absolute, or `..` above it)
+    /// fails the exec at [`Stage::Resolve`]: the sandbox checks a workspace path itself, so
+    /// a node without the workspace on its own disk does not need a script for it.
+    pub beneath: Vec<u8>,
     pub search_path: Vec<u8>,
     pub rlimits: Vec<Rlimit>,
     /// Fresh `/tmp` and `/dev/shm` of this size for this exec alone (`None`: the
@@ -74,6 +79,7 @@ pub enum Stage {
     Exec = 7,
     Session = 8,
     Stdio = 9,
+    Resolve = 10,
 }
 
 impl Stage {
@@ -88,6 +94,7 @@ impl Stage {
             7 => Self::Exec,
             8 => Self::Session,
             9 => Self::Stdio,
+            10 => Self::Resolve,
             _ => return None,
         })
     }
@@ -103,6 +110,7 @@ impl Stage {
             Self::Exec => "exec",
             Self::Session => "setsid",
             Self::Stdio => "stdio",
+            Self::Resolve => "working directory below the root",
         }
     }
 }
@@ -173,6 +181,7 @@ impl Request {
             }
             None => body.push(0),
         }
+        put_bytes(&mut body, &self.beneath);
         let mut message = Vec::with_capacity(8 + body.len());
         message.extend_from_slice(&REQUEST_MAGIC.to_le_bytes());
         message.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -208,6 +217,7 @@ impl Request {
             1 => Some(reader.u64()?),
             _ => return None,
         };
+        let beneath = reader.bytes()?.to_vec();
         let no_nul = |item: &Vec<u8>| !item.contains(&0);
         let valid = reader.bytes.is_empty()
             && !argv.is_empty()
@@ -216,8 +226,10 @@ impl Request {
             && env.iter().all(|item| no_nul(item) && item.contains(&b'='))
             && no_nul(&cwd)
             && cwd.starts_with(b"/")
-            && no_nul(&search_path);
-        valid.then_some(Self { argv, env, cwd, search_path, rlimits, private_tmp_bytes })
+            && no_nul(&search_path)
+            && no_nul(&beneath)
+            && !beneath.starts_with(b"/");
+        valid.then_some(Self { argv, env, cwd, beneath, search_path, rlimits, private_tmp_bytes })
     }
 }
 
@@ -281,7 +293,8 @@ mod tests {
         Request {
             argv: vec![b"sh".to_vec(), b"-c".to_vec(), b"true".to_vec()],
             env: vec![b"PATH=/usr/bin:/bin".to_vec(), b"EMPTY=".to_vec()],
-            cwd: b"/workspace/sub".to_vec(),
+            cwd: b"/workspace".to_vec(),
+            beneath: b"sub/dir".to_vec(),
             search_path: b"/usr/bin:/bin".to_vec(),
             rlimits: vec![Rlimit { resource: RLIMIT_NPROC, soft: 512, hard: 512 }],
             private_tmp_bytes: Some(1 << 20),
@@ -310,6 +323,8 @@ mod tests {
             Request { argv: vec![b"a\0b".to_vec()], ..request() },
             Request { env: vec![b"NOEQUALS".to_vec()], ..request() },
             Request { cwd: b"relative".to_vec(), ..request() },
+            Request { beneath: b"/etc".to_vec(), ..request() },
+            Request { beneath: b"a\0b".to_vec(), ..request() },
         ] {
             assert_eq!(Request::decode(&broken.encode()[8..]), None, "{broken:?} accepted");
         }

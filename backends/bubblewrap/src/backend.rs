@@ -215,6 +215,7 @@ impl BubblewrapBackend {
                 argv: spec.argv.iter().map(|arg| arg.as_bytes().to_vec()).collect(),
                 env: env.iter().map(|(name, value)| format!("{name}={value}").into_bytes()).collect(),
                 cwd: supervised::path_bytes(&cwd),
+                beneath: Vec::new(),
                 search_path: env.get("PATH").map(|path| path.as_bytes().to_vec()).unwrap_or_default(),
                 rlimits: self.rlimits.clone(),
                 private_tmp_bytes: Some(self.config.tmp_size_bytes),

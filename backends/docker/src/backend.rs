@@ -16,8 +16,9 @@ use super::process;
 
 /// A workspace running in a Docker container, its directory bind-mounted at `/workspace`.
 ///
-/// Everything runs through Docker exec as the workspace user: `spawn` (wrapped by
-/// `spawn.sh`, see `process.rs` for kill), `read_file` / `write_file` (see `files.rs` for
+/// Everything runs as the workspace user, through the container's supervisor or a Docker
+/// exec: `spawn` (started by the supervisor, else wrapped by `spawn.sh`; see `process.rs`
+/// for kill), `read_file` / `write_file` (see `files.rs` for
 /// confinement and atomicity) and, through them, the derived POSIX operations. The image
 /// must provide `/bin/sh` and the usual tools (`cat`, `mv`, `stat`, `readlink`,
 /// `truncate`, `find`); busybox has them all.

@@ -125,6 +125,7 @@ pub(crate) async fn start_exec(
             argv: cmd.iter().map(|arg| arg.clone().into_bytes()).collect(),
             env: env.iter().map(|pair| pair.clone().into_bytes()).collect(),
             cwd: container.scripts.mount_point.clone().into_bytes(),
+            beneath: Vec::new(),
             search_path: Vec::new(),
             rlimits: Vec::new(),
             private_tmp_bytes: None,

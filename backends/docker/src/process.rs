@@ -1,6 +1,8 @@
-//! One process inside a workspace container: a Docker exec of `spawn.sh`, with its
-//! multiplexed output split into two readers, and a [`ProcessControl`] that can kill the
-//! exec's whole process tree.
+//! One process inside a workspace container. Through the container's supervisor the
+//! command is started by the supervisor itself (cwd resolved with `openat2`, see
+//! [`spawn_supervised`]) and its pipes and exit come from it. Otherwise: a Docker exec of
+//! `spawn.sh`, with its multiplexed output split into two readers, and a [`ProcessControl`]
+//! that can kill the exec's whole process tree, as below.
 //!
 //! Killing: Docker has no API to signal an exec. runc makes every exec process the leader
 //! of a new session, and `spawn.sh` reports that pid (in the container's pid namespace)
@@ -34,6 +36,9 @@ use tokio_util::io::StreamReader;
 use berth_workspace::backend::{BoxedReader, BoxedWriter, ExitInfo, ProcessControl, Spawned};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
+
+use berth_supervisor::node;
+use berth_supervisor::wire::Request;
 
 use super::config::SECRET_HOLDER_USER;
 use super::container::{ContainerHandle, Exec, start_exec};
@@ -93,6 +98,13 @@ pub(crate) async fn spawn_as(
     let program = argv.first().cloned().unwrap_or_default();
     let nonce = scripts::nonce();
     env.push(format!("{EXEC_MARKER_ENV}={nonce}"));
+    if let Launch::Agent = launch
+        && let Some(spawned) = spawn_supervised(container, &argv, cwd, &env).await?
+    {
+        // Shutting stdin down closes it, as for every other spawn of this backend (a
+        // pipe's own shutdown leaves it open, and `write.sh` waits for its end).
+        return Ok(Spawned { stdin: Box::pin(ClosingWriter { inner: Some(spawned.stdin) }), ..spawned });
+    }
     let mut cmd = vec![scripts::SHELL.to_owned(), "-c".to_owned()];
     let user = match launch {
         Launch::Agent => {
@@ -193,6 +205,51 @@ pub(crate) async fn spawn_as(
         stderr: channel_reader(stderr_receiver),
         control: Box::new(control),
     })
+}
+
+/// The workspace user's command started by the container's supervisor itself: it enters
+/// `cwd` below the mount point with `openat2(RESOLVE_BENEATH)` (the confinement
+/// `resolve.sh` gives the wrapper) and finds the program in the command's own `PATH`, so
+/// no shell runs before the command and no handshake is parsed. `None` when the container
+/// has no supervisor, none could be started, or its kernel / seccomp profile lacks
+/// `openat2` (then `spawn.sh` does it, from then on for this container).
+async fn spawn_supervised(
+    container: &Arc<ContainerHandle>,
+    argv: &[String],
+    cwd: &RelPath,
+    env: &[String],
+) -> Result<Option<Spawned>> {
+    let Some(supervisor) = container.supervisor.as_ref().filter(|supervisor| supervisor.resolves_beneath()) else {
+        return Ok(None);
+    };
+    let mut env: Vec<Vec<u8>> = env.iter().map(|pair| pair.clone().into_bytes()).collect();
+    // The shell of spawn.sh exports the directory it entered; so does this path.
+    if !env.iter().any(|pair| pair.starts_with(b"PWD=")) {
+        let dir = if cwd.as_str().is_empty() {
+            container.scripts.mount_point.clone()
+        } else {
+            format!("{}/{}", container.scripts.mount_point.trim_end_matches('/'), cwd.as_str())
+        };
+        env.push(format!("PWD={dir}").into_bytes());
+    }
+    let request = Request {
+        argv: argv.iter().map(|arg| arg.clone().into_bytes()).collect(),
+        env,
+        cwd: container.scripts.mount_point.clone().into_bytes(),
+        beneath: cwd.as_str().as_bytes().to_vec(),
+        // The command's own PATH (the image's unless `env` sets one), as `exec` in spawn.sh.
+        search_path: Vec::new(),
+        rlimits: Vec::new(),
+        private_tmp_bytes: None,
+    };
+    match supervisor.spawn(container.target(), &container.user, &request).await {
+        Err(WorkspaceError::Unsupported { capability, .. }) if capability == node::RESOLVE_BENEATH => {
+            tracing::warn!(container = %container.container_name, "the container cannot resolve a working directory with openat2; its execs use spawn.sh");
+            supervisor.stop_resolving_beneath();
+            Ok(None)
+        }
+        result => result,
+    }
 }
 
 /// `uid:gid` of secret-holding execs; refused when it is the workspace user's (the agent

@@ -26,6 +26,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
@@ -77,11 +78,24 @@ pub(crate) struct DockerSupervisor {
     user: (u32, u32),
     idle: Duration,
     state: tokio::sync::Mutex<State>,
+    /// Cleared once the container's supervisor could not use `openat2` (an old kernel, a
+    /// seccomp profile without it): the workspace user's commands then start under
+    /// `spawn.sh`, which resolves the working directory itself.
+    beneath: AtomicBool,
 }
 
 impl DockerSupervisor {
     pub fn new(run_dir: PathBuf, user: (u32, u32), idle: Duration) -> Self {
-        Self { run_dir, user, idle, state: tokio::sync::Mutex::new(State::default()) }
+        Self { run_dir, user, idle, state: tokio::sync::Mutex::new(State::default()), beneath: AtomicBool::new(true) }
+    }
+
+    /// Whether commands may be started in a working directory the supervisor resolves.
+    pub fn resolves_beneath(&self) -> bool {
+        self.beneath.load(Ordering::Relaxed)
+    }
+
+    pub fn stop_resolving_beneath(&self) {
+        self.beneath.store(false, Ordering::Relaxed);
     }
 
     /// Starts `request` through the supervisor; `Ok(None)` when no supervisor could be had
