@@ -497,7 +497,8 @@ impl Workspaces {
             // driver set it): give them the root's owner, as a restored quarantine copy.
             own_like_root(&root, &self.data_dir).await?;
         }
-        // A host root's layout is read on the host: no call into the sandbox when complete.
+        // A host root's layout is read, and made where missing, on the host: no call into
+        // the sandbox unless something else is in the way.
         let host_root = (!driver.portable()).then_some(root.as_path());
         berth_workspace::layout::ensure_at(handle.as_ref(), host_root).await?;
         // A portable driver knows whether the provider still had the sandbox; for host

@@ -51,15 +51,85 @@ pub async fn ensure<B: Backend + ?Sized>(backend: &B) -> Result<()> {
 }
 
 /// [`ensure`] for a workspace whose root is the host directory `host_root` (host drivers;
-/// `None` for a portable driver): the layout is read on the host first (a few `lstat`s), and
-/// the backend is called only for a part that is missing. On Docker that saves an exec.
+/// `None` for a portable driver): the layout is read, and a fresh root's made, on the host in
+/// one blocking call ([`complete_on_host`]); the backend is called only when something
+/// else is in the way (it reports what). On Docker that saves an exec per part; on every
+/// host driver, the seed's own write (a temp file, two fsyncs and a rename).
 pub async fn ensure_at<B: Backend + ?Sized>(backend: &B, host_root: Option<&std::path::Path>) -> Result<()> {
     if let Some(root) = host_root.map(std::path::Path::to_path_buf)
-        && tokio::task::spawn_blocking(move || is_complete_on_host(&root)).await.unwrap_or(false)
+        && tokio::task::spawn_blocking(move || complete_on_host(&root)).await.unwrap_or(false)
     {
         return Ok(());
     }
     ensure(backend).await
+}
+
+/// Makes the missing parts of a host root's layout on the host: a directory (mode 0755) or
+/// a `.mcp` holding `[]` (created exclusively, never replacing anything), each given the
+/// root's owner, which is the sandbox user's. Returns whether the layout is complete then;
+/// `false` when a part is something else (a tenant's link or file), when the root cannot be
+/// read, or when an entry could not be made or handed over (what was made is removed):
+/// [`ensure`] through the backend decides and reports those.
+///
+/// Not fsynced, on purpose: the root's own creation is not either, and every provision
+/// runs this again, so a seed lost to a crash is made anew; a `.mcp` left empty by one is
+/// re-seeded by the MCP loader.
+pub fn complete_on_host(root: &std::path::Path) -> bool {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+
+    let Ok(owner) = std::fs::metadata(root).map(|meta| (meta.uid(), meta.gid())) else {
+        return false;
+    };
+    // A new entry is handed to the root's owner; one that cannot be is taken back.
+    let hand_over = |path: &std::path::Path, is_dir: bool| -> bool {
+        let made = std::fs::symlink_metadata(path).map(|meta| (meta.uid(), meta.gid()));
+        if made.as_ref().is_ok_and(|made| *made == owner)
+            || std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1)).is_ok()
+        {
+            return true;
+        }
+        let _ = if is_dir { std::fs::remove_dir(path) } else { std::fs::remove_file(path) };
+        false
+    };
+    for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
+        let path = root.join(dir);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_dir() => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                // mkdir never follows a link that appeared meanwhile: it fails instead.
+                if std::fs::DirBuilder::new().mode(0o755).create(&path).is_err() || !hand_over(&path, true) {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    let path = root.join(MCP_FILE);
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) => !meta.file_type().is_symlink(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            // O_EXCL: nothing that exists by now (a link included) is opened or replaced.
+            let created = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+                .open(&path);
+            match created {
+                Ok(mut file) => {
+                    if file.write_all(EMPTY_MCP).is_err() {
+                        drop(file);
+                        let _ = std::fs::remove_file(&path);
+                        return false;
+                    }
+                    hand_over(&path, false)
+                }
+                Err(_) => false,
+            }
+        }
+        Err(_) => false,
+    }
 }
 
 /// Whether a host directory holds the whole layout, read from the host without following a
@@ -119,6 +189,45 @@ mod tests {
         std::fs::remove_dir(root.path().join(DATA_DIR)).expect("rmdir");
         std::fs::write(root.path().join(DATA_DIR), b"x").expect("write");
         assert!(!is_complete_on_host(root.path()));
+    }
+
+    #[test]
+    fn an_empty_root_is_seeded_on_the_host() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = tempfile::tempdir().expect("temp dir");
+        assert!(complete_on_host(root.path()));
+        assert!(is_complete_on_host(root.path()));
+        assert_eq!(std::fs::read(root.path().join(MCP_FILE)).expect("read .mcp"), EMPTY_MCP);
+        for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
+            let mode = std::fs::metadata(root.path().join(dir)).expect("stat").permissions().mode();
+            assert_eq!(mode & 0o7777 & !0o022, 0o755 & !0o022, "{dir}: mode {mode:o}");
+        }
+        // Parts a tenant removed come back; what it wrote stays.
+        std::fs::remove_dir(root.path().join(DATA_DIR)).expect("rmdir");
+        std::fs::write(root.path().join(MCP_FILE), b"[{\"name\":\"mine\"}]").expect("write");
+        assert!(complete_on_host(root.path()));
+        assert!(root.path().join(DATA_DIR).is_dir());
+        assert_eq!(std::fs::read(root.path().join(MCP_FILE)).expect("read"), b"[{\"name\":\"mine\"}]");
+        assert!(!complete_on_host(&root.path().join("no-such-root")));
+    }
+
+    /// Something in the way is left for the backend's `ensure` to report: never replaced,
+    /// never followed.
+    #[test]
+    fn links_and_files_in_the_way_are_not_seeded_over() {
+        let elsewhere = tempfile::tempdir().expect("temp dir");
+        let root = tempfile::tempdir().expect("temp dir");
+        symlink(elsewhere.path(), root.path().join(DATA_DIR)).expect("symlink");
+        assert!(!complete_on_host(root.path()));
+        let root = tempfile::tempdir().expect("temp dir");
+        std::fs::write(root.path().join(SESSIONS_DIR), b"x").expect("write");
+        assert!(!complete_on_host(root.path()));
+        assert_eq!(std::fs::read(root.path().join(SESSIONS_DIR)).expect("read"), b"x");
+        let root = tempfile::tempdir().expect("temp dir");
+        symlink(elsewhere.path().join("planted"), root.path().join(MCP_FILE)).expect("symlink");
+        assert!(!complete_on_host(root.path()));
+        assert!(!elsewhere.path().join("planted").exists(), "the seed followed a link out of the root");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).expect("list").count(), 0);
     }
 
     /// A tenant's link in place of a layout entry is never taken for it from the host:
