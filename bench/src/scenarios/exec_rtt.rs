@@ -61,7 +61,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
     let mut results = Vec::new();
     for backend in &available {
         let case = format!("exec true {backend}");
-        let row = exec_case(ctx, &channel, backend, &case, docker_container.as_ref()).await;
+        let node = &cluster.nodes[0].server.endpoint;
+        let row = exec_case(ctx, &channel, Some(node), backend, &case, docker_container.as_ref()).await;
         let mut row = common::row_or_error(NAME, &case, &ctx.machine, row);
         if *backend == "bubblewrap" || *backend == "docker" {
             // Measured right after the exec loop: the supervisor is idle and warm.
@@ -181,7 +182,7 @@ async fn unsupervised_case(
     config.node_flags = vec!["--backend".into(), backend.into(), "--no-supervisor".into()];
     let cluster = env::start_cluster(config).await?;
     let channel = env::connect(&cluster.replicas[0].server.endpoint).await?;
-    let row = exec_case(ctx, &channel, backend, case, docker_container).await?;
+    let row = exec_case(ctx, &channel, None, backend, case, docker_container).await?;
     drop(cluster);
     Ok(row.param("supervisor", false))
 }
@@ -215,9 +216,12 @@ fn supervisor_idle_rss_kib(backend: &str) -> Option<u64> {
         .max()
 }
 
+/// `node`: the node agent's endpoint, to also time the same exec sent to it directly (the
+/// replica's share of the round trip is the difference).
 async fn exec_case(
     ctx: &Ctx,
     channel: &Channel,
+    node: Option<&str>,
     backend: &str,
     case: &str,
     docker_container: Option<&DockerContainer>,
@@ -244,6 +248,10 @@ async fn exec_case(
             latencies.push(elapsed);
         }
     }
+    let node_direct = match node {
+        Some(node) => Some(exec_on_node(node, &mut client, &request, iterations).await?),
+        None => None,
+    };
     let floor = match backend {
         "local" => spawn_floor("direct spawn of true", Command::new("true"), iterations).await?,
         "bubblewrap" => bwrap_floor(iterations).await?,
@@ -262,7 +270,40 @@ async fn exec_case(
     result.throughput = Some(Quantity::new(iterations as f64 / total.as_secs_f64(), "exec/s"));
     result.wall_s = total.as_secs_f64();
     result.set_floor(floor);
+    if let Some(summary) = node_direct.as_deref().and_then(Summary::of) {
+        result.metric("node_direct_p50_ms", summary.p50_ms);
+    }
     Ok(result)
+}
+
+/// The same exec sent to the node agent directly, with the generation a replica would add.
+async fn exec_on_node(
+    node: &str,
+    client: &mut v1::workspace_service_client::WorkspaceServiceClient<Channel>,
+    request: &v1::ExecRequest,
+    iterations: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let generation = client
+        .get_workspace(v1::GetWorkspaceRequest { workspace_id: request.workspace_id.clone() })
+        .await
+        .context("GetWorkspace")?
+        .into_inner()
+        .generation;
+    let mut node = env::workspace_client(env::connect(node).await?);
+    progress!("{NAME}: {iterations} × `true` on the node agent directly");
+    let mut latencies = Vec::with_capacity(iterations);
+    for index in 0..WARM_UP + iterations {
+        let mut call = tonic::Request::new(request.clone());
+        call.metadata_mut().insert(berth_proto::meta::GENERATION, generation.to_string().parse()?);
+        let started = Instant::now();
+        let result = node.exec(call).await.context("Exec on the node")?.into_inner();
+        let elapsed = started.elapsed();
+        anyhow::ensure!(result.exit_code == 0, "`true` exited {} on the node", result.exit_code);
+        if index >= WARM_UP {
+            latencies.push(elapsed);
+        }
+    }
+    Ok(latencies)
 }
 
 /// Times `iterations` runs of `command` (after a few unmeasured ones), each to exit 0.
