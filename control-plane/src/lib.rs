@@ -8,6 +8,7 @@ pub mod authz;
 pub mod binding;
 pub mod config;
 pub mod error;
+pub mod fenced_commit;
 pub mod forward;
 pub mod heartbeat;
 pub mod keys;

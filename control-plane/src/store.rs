@@ -19,6 +19,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::error::{ControlPlaneError, Result};
+use crate::fenced_commit::{Fenced, FencedCommitter};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
 use crate::records::{
@@ -85,6 +86,8 @@ pub struct WorkspaceStore {
     /// The group committer of session creates, started on first use (on the runtime of
     /// the first caller).
     sessions: std::sync::OnceLock<SessionCommitter>,
+    /// The group committer of fenced writes (binds ending together), started on first use.
+    fenced: std::sync::OnceLock<FencedCommitter>,
 }
 
 impl WorkspaceStore {
@@ -103,6 +106,7 @@ impl WorkspaceStore {
             replica_id: replica_id.into(),
             own_locks: Default::default(),
             sessions: Default::default(),
+            fenced: Default::default(),
         }
     }
 
@@ -330,17 +334,18 @@ impl WorkspaceStore {
         Ok(())
     }
 
-    async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, mut changes: Vec<TxnOp>) -> Result<i64> {
-        let lock_key = self.keys.lock(workspace_id);
-        changes.push(TxnOp::delete(&lock_key));
-        let response = self
-            .registry
-            .txn(Txn::new().when([Compare::create_revision(&lock_key, fence.0)]).and_then(changes))
-            .await?;
-        if !response.succeeded {
-            return Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() });
+    /// `changes` and the lock's delete, only while the lock is ours (its create revision is
+    /// `fence`); `LostLock` otherwise.
+    ///
+    /// Fenced writes that arrive together are committed together (`fenced_commit.rs`): a
+    /// storm of binds ending at once costs a few transactions, each write still fenced by
+    /// its own lock.
+    async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, changes: Vec<TxnOp>) -> Result<i64> {
+        let committer = self.fenced.get_or_init(|| FencedCommitter::start(Arc::clone(&self.registry)));
+        match committer.write(self.keys.lock(workspace_id), fence.0, changes).await? {
+            Fenced::Committed(revision) => Ok(revision),
+            Fenced::LockLost => Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() }),
         }
-        Ok(response.revision)
     }
 
     /// A linearizable read of a node's key and drain key: whether the node is live, drained,

@@ -274,6 +274,87 @@ fn session(id: &str, workspace: &WorkspaceId) -> SessionRecord {
     }
 }
 
+/// 100 first binds of distinct workspaces whose provisions end together, on a registry with a
+/// 5 ms round trip: each takes its own lock (100 transactions), and their READY records —
+/// each fenced by its own lock — are committed together in a few more, not 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_writes_of_binds_that_end_together_commit_together() {
+    let harness = harness_with(Duration::from_millis(200), Duration::from_millis(5)).await;
+    let workspaces: Vec<WorkspaceId> =
+        (0..100).map(|index| WorkspaceId::new(format!("ws-fenced-{index}")).unwrap()).collect();
+    let before = harness.store_registry.round_trips();
+    let binds: Vec<_> = workspaces
+        .iter()
+        .map(|workspace| {
+            let binder = Arc::clone(&harness.binder);
+            let request = request(workspace, "");
+            tokio::spawn(async move { binder.ensure_ready(request).await })
+        })
+        .collect();
+    for bind in binds {
+        assert!(bind.await.unwrap().expect("bind").generation > 0);
+    }
+    let transactions = harness.store_registry.round_trips() - before;
+    assert!(transactions <= 100 + 20, "100 distinct first binds took {transactions} registry round trips");
+    for workspace in &workspaces {
+        let stored = harness.store.load(workspace).await.unwrap().expect("durable");
+        assert_eq!(stored.state, berth_control_plane::records::StoredState::Ready, "{workspace}");
+        // Each lock went with its record's write: the workspace can be locked again.
+        let fence = harness.store.try_lock(workspace).await.unwrap().expect("the bind's lock is gone");
+        harness.store.release_lock(workspace, fence).await;
+    }
+    harness.cancel.cancel();
+}
+
+/// Fenced writes that ride in one batch with a write whose lock was lost: the batch fails as a
+/// whole, and each write is then decided against its own lock — the two still held are
+/// written, the lost one is `LostLock` and writes nothing (the newer holder's lock stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_lock_in_a_batch_fails_only_its_own_write() {
+    let harness = harness_with(Duration::ZERO, Duration::from_millis(5)).await;
+    let ids = ["ws-held-a", "ws-held-b", "ws-lost"].map(|id| WorkspaceId::new(id).unwrap());
+    let mut records = Vec::new();
+    for workspace in &ids {
+        harness.binder.ensure_ready(request(workspace, "")).await.expect("bind");
+        records.push(harness.store.load(workspace).await.unwrap().expect("record"));
+    }
+    let mut fences = Vec::new();
+    for workspace in &ids {
+        fences.push(harness.store.try_lock(workspace).await.unwrap().expect("lock"));
+    }
+    // The last lock is lost: released, and taken again by a newer holder.
+    harness.store.release_lock(&ids[2], fences[2]).await;
+    let newer = harness.store.try_lock(&ids[2]).await.unwrap().expect("newer lock");
+    let writes: Vec<_> = records
+        .iter()
+        .zip(&fences)
+        .map(|(record, fence)| {
+            let store = Arc::clone(&harness.store);
+            let mut record = record.clone();
+            record.changed_by = "the batch".into();
+            let fence = *fence;
+            tokio::spawn(async move { store.write_fenced(&record, fence).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for write in writes {
+        outcomes.push(write.await.unwrap());
+    }
+    assert!(outcomes[0].is_ok() && outcomes[1].is_ok(), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[2], Err(berth_control_plane::error::ControlPlaneError::LostLock { .. })),
+        "{:?}",
+        outcomes[2]
+    );
+    for (index, workspace) in ids.iter().enumerate() {
+        let stored = harness.store.load(workspace).await.unwrap().expect("record");
+        assert_eq!(stored.changed_by == "the batch", index < 2, "{workspace}: changed_by {:?}", stored.changed_by);
+    }
+    assert!(harness.store.try_lock(&ids[2]).await.unwrap().is_none(), "the newer holder lost its lock");
+    harness.store.release_lock(&ids[2], newer).await;
+    harness.cancel.cancel();
+}
+
 /// 500 first sessions of one workspace at once, on a registry with a 5 ms round trip: each
 /// caller is answered Created once its record is there, and together they cost a handful
 /// of transactions (one per batch of up to 127), not 500. Creates that ride in one batch
