@@ -17,15 +17,11 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{ControlPlaneError, Result};
+use crate::group_commit::{MAX_TXN_OPS, run_batches};
 use crate::registry::{Compare, RegistryError, RegistryRef, Txn, TxnOp};
-use crate::session_commit::MAX_TXN_OPS;
-
-/// Writes taken from the queue at most in one pass (the rest wait for the next batch).
-const MAX_QUEUED: usize = 4 * MAX_TXN_OPS;
 
 /// What a fenced write found.
 #[derive(Debug, PartialEq, Eq)]
@@ -74,28 +70,8 @@ impl FencedCommitter {
     }
 }
 
-async fn run(registry: RegistryRef, mut receiver: mpsc::UnboundedReceiver<Pending>) {
-    let mut queued: VecDeque<Pending> = VecDeque::new();
-    loop {
-        if queued.is_empty() {
-            match receiver.recv().await {
-                Some(pending) => queued.push_back(pending),
-                None => return,
-            }
-        }
-        while queued.len() < MAX_QUEUED {
-            match receiver.try_recv() {
-                Ok(pending) => queued.push_back(pending),
-                Err(_) => break,
-            }
-        }
-        let batch = take_batch(&mut queued);
-        // A panic fails this batch's callers (their replies are dropped), not every write
-        // after it.
-        if std::panic::AssertUnwindSafe(commit(&registry, batch)).catch_unwind().await.is_err() {
-            tracing::error!("a batch of fenced writes panicked; its callers were answered with an error");
-        }
-    }
+async fn run(registry: RegistryRef, receiver: mpsc::UnboundedReceiver<Pending>) {
+    run_batches(receiver, take_batch, |batch| commit(&registry, batch), "fenced writes").await;
 }
 
 /// The longest prefix of `queued` that fits one transaction: at most [`MAX_TXN_OPS`]

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod fenced_commit;
 pub mod forward;
+pub mod group_commit;
 pub mod heartbeat;
 pub mod keys;
 pub mod lease;

@@ -16,10 +16,10 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{ControlPlaneError, Result};
+use crate::group_commit::run_batches;
 use crate::records::{self, SessionRecord};
 use crate::registry::{Compare, CompareOp, CompareTarget, RegistryError, RegistryRef, Txn, TxnOp};
 
@@ -33,12 +33,7 @@ pub enum SessionCreated {
     WorkspaceGone,
 }
 
-/// etcd's default `--max-txn-ops`: compares and each branch's operations are counted
-/// separately against it.
-pub const MAX_TXN_OPS: usize = 128;
-
-/// Creates taken from the queue at most in one pass (the rest wait for the next batch).
-const MAX_QUEUED: usize = 4 * MAX_TXN_OPS;
+pub use crate::group_commit::MAX_TXN_OPS;
 
 /// One queued create.
 struct Pending {
@@ -71,29 +66,12 @@ impl SessionCommitter {
     }
 }
 
-async fn run(registry: RegistryRef, mut receiver: mpsc::UnboundedReceiver<Pending>) {
-    let mut queued: VecDeque<Pending> = VecDeque::new();
-    loop {
-        if queued.is_empty() {
-            match receiver.recv().await {
-                Some(pending) => queued.push_back(pending),
-                None => return,
-            }
-        }
-        while queued.len() < MAX_QUEUED {
-            match receiver.try_recv() {
-                Ok(pending) => queued.push_back(pending),
-                Err(_) => break,
-            }
-        }
-        let batch = take_batch(&mut queued);
+async fn run(registry: RegistryRef, receiver: mpsc::UnboundedReceiver<Pending>) {
+    let commit = |batch: Vec<Pending>| {
         crate::metrics::session_batch(batch.len());
-        // A panic fails this batch's callers (their replies are dropped), not every create
-        // after it.
-        if std::panic::AssertUnwindSafe(commit(&registry, batch)).catch_unwind().await.is_err() {
-            tracing::error!("a batch of session creates panicked; its callers were answered with an error");
-        }
-    }
+        commit(&registry, batch)
+    };
+    run_batches(receiver, take_batch, commit, "session creates").await;
 }
 
 /// The longest prefix of `queued` that fits one transaction: at most [`MAX_TXN_OPS`]
