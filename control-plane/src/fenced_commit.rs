@@ -41,9 +41,18 @@ struct Pending {
 }
 
 impl Pending {
-    /// Operations of its own in a transaction: its changes and its lock's delete.
-    fn operations(&self) -> usize {
+    /// Its operations in a transaction: its changes, then its lock's delete.
+    fn operations(&self) -> impl Iterator<Item = TxnOp> + '_ {
+        self.changes.iter().cloned().chain([TxnOp::delete(&self.lock_key)])
+    }
+
+    /// How many of them there are.
+    fn operation_count(&self) -> usize {
         self.changes.len() + 1
+    }
+
+    fn compare(&self) -> Compare {
+        Compare::create_revision(&self.lock_key, self.fence)
     }
 }
 
@@ -82,12 +91,12 @@ fn take_batch(queued: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut operations = 0;
     let mut batch = Vec::new();
     while let Some(next) = queued.front() {
-        let fits = batch.len() < MAX_TXN_OPS && operations + next.operations() <= MAX_TXN_OPS;
+        let fits = batch.len() < MAX_TXN_OPS && operations + next.operation_count() <= MAX_TXN_OPS;
         if locks.contains(&next.lock_key) || (!batch.is_empty() && !fits) {
             break;
         }
         locks.insert(next.lock_key.clone());
-        operations += next.operations();
+        operations += next.operation_count();
         batch.extend(queued.pop_front());
     }
     batch
@@ -97,12 +106,8 @@ async fn commit(registry: &RegistryRef, batch: Vec<Pending>) {
     if batch.len() == 1 {
         return settle_each(registry, batch).await;
     }
-    let compares = batch.iter().map(|pending| Compare::create_revision(&pending.lock_key, pending.fence));
-    let operations = batch
-        .iter()
-        .flat_map(|pending| pending.changes.iter().cloned().chain([TxnOp::delete(&pending.lock_key)]))
-        .collect::<Vec<_>>();
-    match registry.txn(Txn::new().when(compares).and_then(operations)).await {
+    let txn = Txn::new().when(batch.iter().map(Pending::compare)).and_then(batch.iter().flat_map(Pending::operations));
+    match registry.txn(txn).await {
         Ok(response) if response.succeeded => {
             for pending in batch {
                 let _ = pending.reply.send(Ok(Fenced::Committed(response.revision)));
@@ -140,11 +145,7 @@ async fn settle_each(registry: &RegistryRef, batch: Vec<Pending>) {
 
 /// One write in its own transaction.
 async fn write_one(registry: &RegistryRef, pending: &Pending) -> Result<Fenced> {
-    let mut operations = pending.changes.clone();
-    operations.push(TxnOp::delete(&pending.lock_key));
-    let response = registry
-        .txn(Txn::new().when([Compare::create_revision(&pending.lock_key, pending.fence)]).and_then(operations))
-        .await?;
+    let response = registry.txn(Txn::new().when([pending.compare()]).and_then(pending.operations())).await?;
     Ok(if response.succeeded { Fenced::Committed(response.revision) } else { Fenced::LockLost })
 }
 

@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, VecDeque};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{ControlPlaneError, Result};
-use crate::group_commit::run_batches;
+use crate::group_commit::{MAX_TXN_OPS, run_batches};
 use crate::records::{self, SessionRecord};
 use crate::registry::{Compare, CompareOp, CompareTarget, RegistryError, RegistryRef, Txn, TxnOp};
 
@@ -32,8 +32,6 @@ pub enum SessionCreated {
     /// The workspace's record is gone (deleted since the caller read it).
     WorkspaceGone,
 }
-
-pub use crate::group_commit::MAX_TXN_OPS;
 
 /// One queued create.
 struct Pending {

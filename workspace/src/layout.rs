@@ -75,71 +75,85 @@ pub async fn ensure_at<B: Backend + ?Sized>(backend: &B, host_root: Option<&std:
 /// runs this again, so a seed lost to a crash is made anew; a `.mcp` left empty by one is
 /// re-seeded by the MCP loader.
 pub fn complete_on_host(root: &std::path::Path) -> bool {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+    layout_on_host(root, true)
+}
+
+/// Whether a host directory holds the whole layout, read without following a link (a link
+/// named `skills` is not the directory) and without making anything.
+#[cfg(test)]
+fn is_complete_on_host(root: &std::path::Path) -> bool {
+    layout_on_host(root, false)
+}
+
+/// The host-side layout rule, in one place: each directory a real directory, `.mcp`
+/// anything but a link; with `make_missing`, a missing part is made (see
+/// [`complete_on_host`]).
+fn layout_on_host(root: &std::path::Path, make_missing: bool) -> bool {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
 
     let Ok(owner) = std::fs::metadata(root).map(|meta| (meta.uid(), meta.gid())) else {
         return false;
     };
-    // A new entry is handed to the root's owner; one that cannot be is taken back.
-    let hand_over = |path: &std::path::Path, is_dir: bool| -> bool {
-        let made = std::fs::symlink_metadata(path).map(|meta| (meta.uid(), meta.gid()));
-        if made.as_ref().is_ok_and(|made| *made == owner)
-            || std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1)).is_ok()
-        {
-            return true;
-        }
-        let _ = if is_dir { std::fs::remove_dir(path) } else { std::fs::remove_file(path) };
-        false
-    };
+    let missing = |path: &std::path::Path| matches!(std::fs::symlink_metadata(path), Err(error) if error.kind() == std::io::ErrorKind::NotFound);
     for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
         let path = root.join(dir);
-        match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_dir() => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                // mkdir never follows a link that appeared meanwhile: it fails instead.
-                if std::fs::DirBuilder::new().mode(0o755).create(&path).is_err() || !hand_over(&path, true) {
-                    return false;
-                }
+        let complete = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta.file_type().is_dir(),
+            // mkdir never follows a link that appeared meanwhile: it fails instead.
+            Err(_) if make_missing && missing(&path) => {
+                std::fs::DirBuilder::new().mode(0o755).create(&path).is_ok() && hand_over(&path, owner, true)
             }
-            _ => return false,
+            Err(_) => false,
+        };
+        if !complete {
+            return false;
         }
     }
     let path = root.join(MCP_FILE);
     match std::fs::symlink_metadata(&path) {
         Ok(meta) => !meta.file_type().is_symlink(),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            // O_EXCL: nothing that exists by now (a link included) is opened or replaced.
-            let created = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-                .open(&path);
-            match created {
-                Ok(mut file) => {
-                    if file.write_all(EMPTY_MCP).is_err() {
-                        drop(file);
-                        let _ = std::fs::remove_file(&path);
-                        return false;
-                    }
-                    hand_over(&path, false)
-                }
-                Err(_) => false,
-            }
-        }
+        Err(_) if make_missing && missing(&path) => seed_mcp(&path) && hand_over(&path, owner, false),
         Err(_) => false,
     }
 }
 
-/// Whether a host directory holds the whole layout, read from the host without following a
-/// link (a link named `skills` is not the directory): for drivers whose root is a host
-/// directory, one local listing instead of a call into the sandbox on every provision.
-/// `false` when it cannot be read; the caller then runs [`ensure`] through the backend.
-pub fn is_complete_on_host(root: &std::path::Path) -> bool {
-    let kind = |name: &str| std::fs::symlink_metadata(root.join(name)).ok().map(|meta| meta.file_type());
-    [SKILLS_DIR, DATA_DIR, SESSIONS_DIR].into_iter().all(|dir| kind(dir).is_some_and(|kind| kind.is_dir()))
-        && kind(MCP_FILE).is_some_and(|kind| !kind.is_symlink())
+/// Creates `.mcp` holding `[]` with `O_EXCL | O_NOFOLLOW`: nothing that exists by then (a
+/// link included) is opened or replaced. A failed write leaves nothing behind.
+fn seed_mcp(path: &std::path::Path) -> bool {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let Ok(mut file) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+    else {
+        // Something is there (or the root refuses): not ours to remove.
+        return false;
+    };
+    if file.write_all(EMPTY_MCP).is_ok() {
+        return true;
+    }
+    drop(file);
+    let _ = std::fs::remove_file(path);
+    false
+}
+
+/// Gives an entry this process just made to the root's `owner`; one that cannot be handed
+/// over is taken back.
+fn hand_over(path: &std::path::Path, owner: (u32, u32), is_dir: bool) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+
+    let made = std::fs::symlink_metadata(path).map(|meta| (meta.uid(), meta.gid()));
+    if made.as_ref().is_ok_and(|made| *made == owner)
+        || std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1)).is_ok()
+    {
+        return true;
+    }
+    let _ = if is_dir { std::fs::remove_dir(path) } else { std::fs::remove_file(path) };
+    false
 }
 
 /// Whether a root listing holds the whole layout (directories as directories, `.mcp`

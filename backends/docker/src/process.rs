@@ -225,12 +225,7 @@ async fn spawn_supervised(
     let mut env: Vec<Vec<u8>> = env.iter().map(|pair| pair.clone().into_bytes()).collect();
     // The shell of spawn.sh exports the directory it entered; so does this path.
     if !env.iter().any(|pair| pair.starts_with(b"PWD=")) {
-        let dir = if cwd.as_str().is_empty() {
-            container.scripts.mount_point.clone()
-        } else {
-            format!("{}/{}", container.scripts.mount_point.trim_end_matches('/'), cwd.as_str())
-        };
-        env.push(format!("PWD={dir}").into_bytes());
+        env.push(format!("PWD={}", cwd.under(&container.scripts.mount_point)).into_bytes());
     }
     let request = Request {
         argv: argv.iter().map(|arg| arg.clone().into_bytes()).collect(),
