@@ -41,6 +41,7 @@ pub use crate::process::free_port;
 
 /// Where one member listens and whom it starts a cluster with.
 struct MemberSpec {
+    binary: PathBuf,
     name: String,
     client_port: u16,
     peer_port: u16,
@@ -91,6 +92,7 @@ impl EtcdProcess {
             let client_port = free_port()?;
             let peer_port = free_port()?;
             let spec = MemberSpec {
+                binary: etcd_binary(),
                 initial_cluster: MemberSpec::peer_url(&name, peer_port),
                 cluster_token: format!("berth-{:x}", rand::random::<u64>()),
                 name,
@@ -126,7 +128,7 @@ impl EtcdProcess {
         let data_dir = dir.path().join("data");
         let process_spec = ProcessSpec {
             env_remove_prefixes: vec!["ETCD_".into()],
-            ..ProcessSpec::new(format!("etcd-{}", spec.name), etcd_binary()).args(spec.args(&data_dir))
+            ..ProcessSpec::new(format!("etcd-{}", spec.name), &spec.binary).args(spec.args(&data_dir))
         };
         let process = ManagedProcess::spawn_in(process_spec, dir)?;
         Ok(Self { name: spec.name.clone(), client_port: spec.client_port, process })
@@ -296,22 +298,41 @@ impl EtcdCluster {
         Self::try_start(size).unwrap_or_else(|error| panic!("etcd cluster did not start: {error:#}"))
     }
 
+    /// Up to [`START_ATTEMPTS`] tries with fresh ports. A failed try that is followed by
+    /// another goes entirely (its members' directories too: only the last failure's logs
+    /// are kept, where the error points), so a retried start leaves nothing in the temp dir.
     pub fn try_start(size: usize) -> anyhow::Result<Self> {
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS {
-            match Self::start_once(size) {
-                Ok(cluster) => return Ok(cluster),
-                Err(error) => last_error = Some(error),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| anyhow!("no start attempt made")))
+        Self::try_start_with(size, &etcd_binary())
     }
 
-    fn start_once(size: usize) -> anyhow::Result<Self> {
+    /// [`EtcdCluster::try_start`] with another etcd binary (the harness's own tests wrap
+    /// etcd in a script that fails a start).
+    pub fn try_start_with(size: usize, binary: &Path) -> anyhow::Result<Self> {
+        for attempt in 1..=START_ATTEMPTS {
+            match Self::start_once(size, binary) {
+                Ok(cluster) => return Ok(cluster),
+                Err((error, members)) if attempt == START_ATTEMPTS => {
+                    // Keep every member's log; the one that failed may be a victim of another.
+                    members.into_iter().for_each(EtcdProcess::keep_log);
+                    return Err(error);
+                }
+                Err((error, members)) => {
+                    eprintln!("etcd cluster start {attempt}/{START_ATTEMPTS} failed, retrying: {error:#}");
+                    drop(members);
+                }
+            }
+        }
+        Err(anyhow!("no start attempt made"))
+    }
+
+    /// One try; on failure, the error and the members started so far (still running).
+    fn start_once(size: usize, binary: &Path) -> Result<Self, (anyhow::Error, Vec<EtcdProcess>)> {
         let token = format!("berth-{:x}", rand::random::<u64>());
         let mut ports = Vec::with_capacity(size);
         for _ in 0..size {
-            ports.push((free_port()?, free_port()?));
+            let client_port = free_port().map_err(|error| (error, Vec::new()))?;
+            let peer_port = free_port().map_err(|error| (error, Vec::new()))?;
+            ports.push((client_port, peer_port));
         }
         let names: Vec<String> = (0..size).map(|index| format!("member{index}")).collect();
         let initial_cluster = names
@@ -322,23 +343,24 @@ impl EtcdCluster {
             .join(",");
         let mut members = Vec::with_capacity(size);
         for (name, (client_port, peer_port)) in names.into_iter().zip(ports) {
-            members.push(EtcdProcess::spawn(&MemberSpec {
+            let spec = MemberSpec {
+                binary: binary.to_path_buf(),
                 name,
                 client_port,
                 peer_port,
                 initial_cluster: initial_cluster.clone(),
                 cluster_token: token.clone(),
-            })?);
-        }
-        let deadline = Instant::now() + READY_DEADLINE;
-        for member in &members {
-            if let Err(error) = member.wait_ready(deadline) {
-                // Keep every member's log; the one that failed may be a victim of another.
-                members.into_iter().for_each(EtcdProcess::keep_log);
-                return Err(error);
+            };
+            match EtcdProcess::spawn(&spec) {
+                Ok(member) => members.push(member),
+                Err(error) => return Err((error, members)),
             }
         }
-        Ok(Self { members })
+        let deadline = Instant::now() + READY_DEADLINE;
+        match members.iter().find_map(|member| member.wait_ready(deadline).err()) {
+            Some(error) => Err((error, members)),
+            None => Ok(Self { members }),
+        }
     }
 
     pub fn members(&self) -> &[EtcdProcess] {

@@ -123,3 +123,43 @@ async fn cluster_recovers_after_the_leader_dies() {
     }
     eprintln!("leader down: retryable failures before recovery: {failures:?}");
 }
+
+/// A cluster start that fails once and succeeds on the retry leaves nothing of the failed
+/// try behind (`.ci/leftovers` once found three `berth-etcd-*` directories, every member
+/// of a retried start, each kept for its log). The wrapper fails the first try's last
+/// member (the other two still make a quorum, so all three have run before the try is
+/// given up); each member's directory is known from the `--data-dir` it was given.
+#[test]
+fn a_retried_cluster_start_leaves_no_directory_of_the_failed_try() {
+    let state = tempfile::Builder::new().prefix("berth-harness-").tempdir().expect("state dir");
+    let wrapper = state.path().join("etcd");
+    let script = format!(
+        "#!/bin/sh\nstate='{state}'\nfor arg in \"$@\"; do case \"$arg\" in --data-dir=*) \
+         echo \"${{arg#--data-dir=}}\" >>\"$state/data-dirs\";; esac; done\n\
+         case \" $* \" in *' --name=member2 '*) mkdir \"$state/failed-once\" 2>/dev/null && \
+         {{ echo 'failing this start on purpose' >&2; exit 3; }};; esac\n\
+         exec '{etcd}' \"$@\"\n",
+        state = state.path().display(),
+        etcd = berth_tests::etcd::etcd_binary().display()
+    );
+    std::fs::write(&wrapper, script).expect("write wrapper");
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+
+    let cluster = EtcdCluster::try_start_with(3, &wrapper).expect("the second try starts");
+    assert!(state.path().join("failed-once").exists(), "the first try was failed");
+    let data_dirs = std::fs::read_to_string(state.path().join("data-dirs")).expect("data dirs");
+    let member_dirs: Vec<std::path::PathBuf> =
+        data_dirs.lines().map(|line| std::path::Path::new(line).parent().expect("member dir").to_path_buf()).collect();
+    assert_eq!(member_dirs.len(), 6, "two tries of three members: {member_dirs:?}");
+    let (failed_try, serving) = member_dirs.split_at(3);
+    for dir in failed_try {
+        assert!(!dir.exists(), "{} of the failed try is left behind", dir.display());
+    }
+    for dir in serving {
+        assert!(dir.join("log.txt").exists(), "{} of the serving try has its log", dir.display());
+    }
+    drop(cluster);
+    for dir in serving {
+        assert!(!dir.exists(), "{} outlives the cluster", dir.display());
+    }
+}
