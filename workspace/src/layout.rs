@@ -94,13 +94,12 @@ fn layout_on_host(root: &std::path::Path, make_missing: bool) -> bool {
     let Ok(owner) = std::fs::metadata(root).map(|meta| (meta.uid(), meta.gid())) else {
         return false;
     };
-    let missing = |path: &std::path::Path| matches!(std::fs::symlink_metadata(path), Err(error) if error.kind() == std::io::ErrorKind::NotFound);
     for dir in [SKILLS_DIR, DATA_DIR, SESSIONS_DIR] {
         let path = root.join(dir);
         let complete = match std::fs::symlink_metadata(&path) {
             Ok(meta) => meta.file_type().is_dir(),
             // mkdir never follows a link that appeared meanwhile: it fails instead.
-            Err(_) if make_missing && missing(&path) => {
+            Err(error) if make_missing && error.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::DirBuilder::new().mode(0o755).create(&path).is_ok() && hand_over(&path, owner, true)
             }
             Err(_) => false,
@@ -112,7 +111,9 @@ fn layout_on_host(root: &std::path::Path, make_missing: bool) -> bool {
     let path = root.join(MCP_FILE);
     match std::fs::symlink_metadata(&path) {
         Ok(meta) => !meta.file_type().is_symlink(),
-        Err(_) if make_missing && missing(&path) => seed_mcp(&path) && hand_over(&path, owner, false),
+        Err(error) if make_missing && error.kind() == std::io::ErrorKind::NotFound => {
+            seed_mcp(&path) && hand_over(&path, owner, false)
+        }
         Err(_) => false,
     }
 }
