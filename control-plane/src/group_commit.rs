@@ -1,4 +1,4 @@
-//! The loop the group committers share (`session_commit.rs`, `fenced_commit.rs`): one task
+//! The loop the group committers share (`session_commit.rs`, `txn_commit.rs`): one task
 //! per committer takes whatever is queued, cuts from it the longest batch that fits one etcd
 //! transaction, commits that batch, and goes on with the rest; while a transaction is in
 //! flight the next items queue up. Each item carries its caller's reply.

@@ -8,7 +8,6 @@ pub mod authz;
 pub mod binding;
 pub mod config;
 pub mod error;
-pub mod fenced_commit;
 pub mod forward;
 pub mod group_commit;
 pub mod heartbeat;
@@ -31,6 +30,7 @@ pub mod session_commit;
 pub mod snapshots;
 pub mod store;
 pub mod sweeper;
+pub mod txn_commit;
 pub mod view;
 
 pub use config::ControlPlaneConfig;

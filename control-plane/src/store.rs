@@ -19,7 +19,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::error::{ControlPlaneError, Result};
-use crate::fenced_commit::{Fenced, FencedCommitter};
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
 use crate::records::{
@@ -27,6 +26,7 @@ use crate::records::{
 };
 use crate::registry::{self, Compare, RegistryRef, Txn, TxnOp, TxnOpResponse, WatchEvent};
 use crate::session_commit::SessionCommitter;
+use crate::txn_commit::TxnCommitter;
 use crate::view::{EffectiveState, ReplicaView};
 
 pub type WorkspaceStoreRef = Arc<WorkspaceStore>;
@@ -86,8 +86,9 @@ pub struct WorkspaceStore {
     /// The group committer of session creates, started on first use (on the runtime of
     /// the first caller).
     sessions: std::sync::OnceLock<SessionCommitter>,
-    /// The group committer of fenced writes (binds ending together), started on first use.
-    fenced: std::sync::OnceLock<FencedCommitter>,
+    /// The group committer of bind-lock takes and fenced writes (binds starting or ending
+    /// together), started on first use.
+    txns: std::sync::OnceLock<TxnCommitter>,
 }
 
 impl WorkspaceStore {
@@ -106,7 +107,7 @@ impl WorkspaceStore {
             replica_id: replica_id.into(),
             own_locks: Default::default(),
             sessions: Default::default(),
-            fenced: Default::default(),
+            txns: Default::default(),
         }
     }
 
@@ -337,15 +338,24 @@ impl WorkspaceStore {
     /// `changes` and the lock's delete, only while the lock is ours (its create revision is
     /// `fence`); `LostLock` otherwise.
     ///
-    /// Fenced writes that arrive together are committed together (`fenced_commit.rs`): a
+    /// Fenced writes that arrive together are committed together (`txn_commit.rs`): a
     /// storm of binds ending at once costs a few transactions, each write still fenced by
     /// its own lock.
     async fn fenced_all(&self, workspace_id: &WorkspaceId, fence: LockFence, changes: Vec<TxnOp>) -> Result<i64> {
-        let committer = self.fenced.get_or_init(|| FencedCommitter::start(Arc::clone(&self.registry)));
-        match committer.write(self.keys.lock(workspace_id), fence.0, changes).await? {
-            Fenced::Committed(revision) => Ok(revision),
-            Fenced::LockLost => Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() }),
+        let lock_key = self.keys.lock(workspace_id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(&lock_key, fence.0)])
+            .and_then(changes.into_iter().chain([TxnOp::delete(&lock_key)]));
+        let response = self.committed(txn).await?;
+        if !response.succeeded {
+            return Err(ControlPlaneError::LostLock { workspace_id: workspace_id.to_string() });
         }
+        Ok(response.revision)
+    }
+
+    /// `txn` through this replica's group committer (`txn_commit.rs`).
+    async fn committed(&self, txn: Txn) -> std::result::Result<registry::TxnResponse, registry::RegistryError> {
+        self.txns.get_or_init(|| TxnCommitter::start(Arc::clone(&self.registry))).txn(txn).await
     }
 
     /// A linearizable read of a node's key and drain key: whether the node is live, drained,
@@ -427,7 +437,8 @@ impl WorkspaceStore {
     /// this replica's lease if absent, and the record is read in the same transaction, so
     /// it is what the lock's create revision saw (a bind that finished before it is
     /// visible; one that finishes after it needs this lock). The read is folded into the
-    /// view. After an ambiguous failure it falls back to the two calls.
+    /// view. After an ambiguous failure it falls back to the two calls. Lock takes of binds
+    /// that start together are committed together (`txn_commit.rs`).
     pub async fn acquire_lock_and_load(&self, workspace_id: &WorkspaceId) -> Result<(Lock, Option<WorkspaceRecord>)> {
         let lock_key = self.keys.lock(workspace_id);
         let key = self.keys.workspace(workspace_id);
@@ -440,7 +451,7 @@ impl WorkspaceStore {
                 TxnOp::get(&key),
             ])
             .or_else([TxnOp::get(&lock_key), TxnOp::get(&key)]);
-        let response = match self.registry.txn(txn).await {
+        let response = match self.committed(txn).await {
             Ok(response) => response,
             // Whether the lock is ours is settled as for acquire_lock; the record is then
             // read on its own.

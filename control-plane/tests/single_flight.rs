@@ -14,7 +14,7 @@ use berth_control_plane::node_client::NodeClients;
 use berth_control_plane::records::{RECORD_VERSION, SessionRecord};
 use berth_control_plane::registry::embedded::EmbeddedRegistry;
 use berth_control_plane::registry::{KeyValue, LeaseId, RangeResponse, Registry, Txn, TxnResponse, WatchStream};
-use berth_control_plane::store::{SessionCreated, WorkspaceStore};
+use berth_control_plane::store::{Lock, SessionCreated, WorkspaceStore};
 use berth_control_plane::view::ReplicaView;
 use berth_control_plane::{ControlPlaneConfig, IsolationPolicy, RegistryRef};
 use berth_proto::v1;
@@ -77,6 +77,7 @@ async fn harness_with(provision_delay: Duration, round_trip: Duration) -> Harnes
         round_trips: AtomicU64::new(0),
         delay: round_trip,
         panic_next_txn: Default::default(),
+        gate: Default::default(),
     });
     let store = Arc::new(WorkspaceStore::new(
         Arc::clone(&store_registry) as RegistryRef,
@@ -116,6 +117,8 @@ struct Counting {
     delay: Duration,
     /// The next transaction panics (a bug in a call the committer makes).
     panic_next_txn: std::sync::atomic::AtomicBool,
+    /// Transactions are counted, then wait while a test holds this for writing.
+    gate: tokio::sync::RwLock<()>,
 }
 
 impl Counting {
@@ -148,6 +151,7 @@ impl Registry for Counting {
     }
     async fn txn(&self, txn: Txn) -> berth_control_plane::registry::Result<TxnResponse> {
         self.count();
+        drop(self.gate.read().await);
         tokio::time::sleep(self.delay).await;
         assert!(!self.panic_next_txn.swap(false, Ordering::Relaxed), "injected panic");
         self.inner.txn(txn).await
@@ -274,11 +278,12 @@ fn session(id: &str, workspace: &WorkspaceId) -> SessionRecord {
     }
 }
 
-/// 100 first binds of distinct workspaces whose provisions end together, on a registry with a
-/// 5 ms round trip: each takes its own lock (100 transactions), and their READY records —
-/// each fenced by its own lock — are committed together in a few more, not 100.
+/// 100 first binds of distinct workspaces that start together and whose provisions end
+/// together, on a registry with a 5 ms round trip: their lock takes (each lock created if
+/// absent, its record read) are committed together, and so are their READY records — each
+/// fenced by its own lock — in a few transactions, not 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fenced_writes_of_binds_that_end_together_commit_together() {
+async fn binds_that_start_and_end_together_commit_together() {
     let harness = harness_with(Duration::from_millis(200), Duration::from_millis(5)).await;
     let workspaces: Vec<WorkspaceId> =
         (0..100).map(|index| WorkspaceId::new(format!("ws-fenced-{index}")).unwrap()).collect();
@@ -295,7 +300,7 @@ async fn fenced_writes_of_binds_that_end_together_commit_together() {
         assert!(bind.await.unwrap().expect("bind").generation > 0);
     }
     let transactions = harness.store_registry.round_trips() - before;
-    assert!(transactions <= 100 + 20, "100 distinct first binds took {transactions} registry round trips");
+    assert!(transactions <= 30, "100 distinct first binds took {transactions} registry round trips");
     for workspace in &workspaces {
         let stored = harness.store.load(workspace).await.unwrap().expect("durable");
         assert_eq!(stored.state, berth_control_plane::records::StoredState::Ready, "{workspace}");
@@ -304,6 +309,78 @@ async fn fenced_writes_of_binds_that_end_together_commit_together() {
         harness.store.release_lock(workspace, fence).await;
     }
     harness.cancel.cancel();
+}
+
+/// Lock takes that ride in one batch each get their own answer: the lock (every create
+/// revision the batch's) and their own record. A batch with a lock held elsewhere fails as a
+/// whole, and each take is then decided on its own: the free ones are taken, the held one is
+/// `Held` and its holder keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_takes_in_one_batch_get_their_own_answers() {
+    let harness = harness_with(Duration::ZERO, Duration::ZERO).await;
+    let bound = WorkspaceId::new("ws-take-bound").unwrap();
+    harness.binder.ensure_ready(request(&bound, "")).await.expect("bind");
+    let fresh = |name: &str| WorkspaceId::new(name).unwrap();
+
+    // All free: one batch behind a blocker, every compare holds.
+    let ids = [fresh("ws-take-a"), bound.clone(), fresh("ws-take-b")];
+    let taken = takes_batched_behind_a_blocker(&harness, &ids).await;
+    let mut fences = Vec::new();
+    for ((workspace, (lock, record)), expect_record) in ids.iter().zip(&taken).zip([false, true, false]) {
+        let Lock::Ours(fence) = lock else { panic!("{workspace}: the lock is free, the take must win it") };
+        assert_eq!(record.is_some(), expect_record, "{workspace}: another take's record, or none");
+        if let Some(record) = record {
+            assert_eq!(&record.id, workspace);
+        }
+        fences.push(*fence);
+    }
+    assert!(fences.windows(2).all(|pair| pair[0] == pair[1]), "one batch, one revision: {fences:?}");
+    for (workspace, fence) in ids.iter().zip(&fences) {
+        assert!(harness.store.try_lock(workspace).await.unwrap().is_none(), "{workspace}: taken");
+        harness.store.release_lock(workspace, *fence).await;
+    }
+
+    // One lock held by another bind: the batch fails, each take is settled on its own.
+    let held = fresh("ws-take-held");
+    let holder = harness.store.try_lock(&held).await.unwrap().expect("held lock");
+    let ids = [fresh("ws-take-c"), held.clone(), bound.clone()];
+    let taken = takes_batched_behind_a_blocker(&harness, &ids).await;
+    assert!(matches!(taken[1].0, Lock::Held(_)), "the held lock is not taken over");
+    for index in [0, 2] {
+        let Lock::Ours(fence) = taken[index].0 else { panic!("{}: free lock not taken", ids[index]) };
+        assert_eq!(taken[index].1.is_some(), index == 2, "{}: its own record", ids[index]);
+        harness.store.release_lock(&ids[index], fence).await;
+    }
+    assert!(harness.store.try_lock(&held).await.unwrap().is_none(), "the holder kept its lock");
+    harness.store.release_lock(&held, holder).await;
+    harness.cancel.cancel();
+}
+
+/// Takes the locks of `ids` with one transaction each queued together while the committer is
+/// held up by another take's transaction, so that they ride in one batch.
+async fn takes_batched_behind_a_blocker(
+    harness: &Harness,
+    ids: &[WorkspaceId],
+) -> Vec<(Lock, Option<berth_control_plane::records::WorkspaceRecord>)> {
+    let gate = harness.store_registry.gate.write().await;
+    let before = harness.store_registry.round_trips();
+    let blocker = WorkspaceId::new("ws-take-blocker").unwrap();
+    let store = Arc::clone(&harness.store);
+    let blocking = tokio::spawn(async move { store.acquire_lock_and_load(&blocker).await });
+    // The blocker's transaction has reached the registry (counted, waiting at the gate).
+    berth_testkit::assert_eventually("the blocker's transaction to be sent", Duration::from_secs(10), || {
+        let sent = harness.store_registry.round_trips() > before;
+        async move { sent }
+    })
+    .await;
+    // Every take is queued in the first poll of `join_all`, before the gate opens.
+    let takes = futures::future::join_all(ids.iter().map(|workspace| harness.store.acquire_lock_and_load(workspace)));
+    let (taken, ()) = futures::join!(takes, async move { drop(gate) });
+    let (lock, _) = blocking.await.unwrap().expect("blocker");
+    if let Lock::Ours(fence) = lock {
+        harness.store.release_lock(&WorkspaceId::new("ws-take-blocker").unwrap(), fence).await;
+    }
+    taken.into_iter().map(|take| take.expect("lock take answered")).collect()
 }
 
 /// Fenced writes that ride in one batch with a write whose lock was lost: the batch fails as a
@@ -442,6 +519,7 @@ async fn a_first_session_storm_costs_no_registry_read_per_caller() {
         round_trips: AtomicU64::new(0),
         delay: Duration::from_millis(2),
         panic_next_txn: Default::default(),
+        gate: Default::default(),
     });
     let registry = Arc::clone(&counting) as RegistryRef;
     let cancel = CancellationToken::new();
