@@ -20,6 +20,10 @@ pub struct MachineInfo {
     pub etcd_version: String,
     pub docker_version: Option<String>,
     pub berth_binary: String,
+    /// The filesystem of the temporary directory, where the clusters' data directories
+    /// and etcd's go (`ext4 without a journal on /dev/vda`): it moves the provision rows
+    /// (`bench/results/bind-and-group-commit.md`).
+    pub data_filesystem: String,
 }
 
 impl MachineInfo {
@@ -58,8 +62,50 @@ impl MachineInfo {
                 .unwrap_or(berth_binary)
                 .display()
                 .to_string(),
+            data_filesystem: data_filesystem(&std::env::temp_dir()),
         }
     }
+}
+
+/// The filesystem holding `dir`, from `/proc/self/mountinfo` (the mount with the longest
+/// mount point that contains it): its type and source, and for ext4 whether it has a
+/// journal (a journaled ext4 has a `/proc/fs/jbd2/<device>-8` entry). Without a journal,
+/// ext4 does not reuse an inode freed in the last minutes and searches inode tables for a
+/// free one, which makes every storm after another slower.
+pub fn data_filesystem(dir: &Path) -> String {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some((fs_type, source)) = mount_of(&mountinfo, &dir) else {
+        return "unknown".into();
+    };
+    if fs_type != "ext4" {
+        return format!("{fs_type} on {source}");
+    }
+    let device = Path::new(&source).file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let journaled = Path::new("/proc/fs/jbd2").join(format!("{device}-8")).exists();
+    format!("ext4 {} on {source}", if journaled { "with a journal" } else { "without a journal" })
+}
+
+/// `(type, source)` of the mount in `mountinfo` whose mount point is the longest prefix of
+/// `dir` (the last one mounted there, when several are).
+fn mount_of(mountinfo: &str, dir: &Path) -> Option<(String, String)> {
+    let mut best: Option<(usize, String, String)> = None;
+    for line in mountinfo.lines() {
+        // `id parent major:minor root mount-point options [optional...] - type source super`
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(mount_point), Some(dash)) = (fields.get(4), fields.iter().position(|field| *field == "-")) else {
+            continue;
+        };
+        let (Some(fs_type), Some(source)) = (fields.get(dash + 1), fields.get(dash + 2)) else { continue };
+        let mount_point = mount_point.replace("\\040", " ");
+        if !dir.starts_with(&mount_point) {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(length, ..)| mount_point.len() >= *length) {
+            best = Some((mount_point.len(), (*fs_type).to_owned(), (*source).to_owned()));
+        }
+    }
+    best.map(|(_, fs_type, source)| (fs_type, source))
 }
 
 /// The trimmed stdout of a successful command, `None` if it fails or prints nothing.
@@ -115,6 +161,22 @@ pub fn clock_ticks_per_second() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
+30 22 0:26 / /dev/shm rw,nosuid shared:3 - tmpfs tmpfs rw
+41 22 7:0 / /mnt/jfs rw,relatime shared:9 - ext4 /dev/loop0 rw
+42 22 0:40 / /mnt/jfs rw,relatime shared:10 - tmpfs over rw
+";
+
+    #[test]
+    fn the_mount_of_a_directory_is_its_longest_mount_point_last_mounted() {
+        let of = |dir: &str| mount_of(MOUNTINFO, Path::new(dir));
+        assert_eq!(of("/tmp"), Some(("ext4".into(), "/dev/vda".into())));
+        assert_eq!(of("/dev/shm/bench"), Some(("tmpfs".into(), "tmpfs".into())));
+        assert_eq!(of("/dev/shmem"), Some(("ext4".into(), "/dev/vda".into())), "a prefix of a name is no mount");
+        assert_eq!(of("/mnt/jfs/tmp"), Some(("tmpfs".into(), "over".into())), "the later mount hides the earlier");
+    }
 
     #[test]
     fn proc_fields_parse() {

@@ -152,13 +152,14 @@ pub fn markdown(results: &[ScenarioResult]) -> String {
         let machine = &first.machine;
         let _ = writeln!(
             text,
-            "Run {} on: {} ({} cores, {:.1} GiB), kernel {}, {}, commit {}{}\n",
+            "Run {} on: {} ({} cores, {:.1} GiB), kernel {}, {}, data on {}, commit {}{}\n",
             machine.started_at,
             machine.cpu_model,
             machine.cores,
             machine.memory_bytes as f64 / GIB,
             machine.kernel,
             machine.etcd_version,
+            machine.data_filesystem,
             short_commit(&machine.git_commit),
             if machine.git_dirty { " (dirty)" } else { "" },
         );
@@ -303,6 +304,7 @@ mod tests {
             etcd_version: "etcd Version: 3.4.23".into(),
             docker_version: None,
             berth_binary: "/x/berth".into(),
+            data_filesystem: "ext4 with a journal on /dev/vda".into(),
         })
     }
 
