@@ -21,11 +21,12 @@ use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 use futures::StreamExt;
 use nix::fcntl::{AtFlags, RenameFlags};
 use nix::unistd::{Gid, Uid};
-use tokio_util::io::ReaderStream;
 
 use berth_workspace::backend::{ByteStream, FileInfo, FileKind, WriteOptions};
 use berth_workspace::error::{Result, WorkspaceError};
 use berth_workspace::path::RelPath;
+
+use crate::blocks;
 
 /// Most symlinks followed while resolving a write target (the Linux MAXSYMLINKS).
 const MAX_SYMLINK_HOPS: usize = 40;
@@ -88,7 +89,7 @@ impl HostFs {
     pub async fn read_file(&self, path: &RelPath) -> Result<ByteStream> {
         let display = path.as_fs_str().to_owned();
         let relative = path.clone();
-        let (file, first, rest) = self
+        let (file, first, rest, expected) = self
             .blocking(move |root, _owner| {
                 let display = relative.as_fs_str();
                 let mut options = OpenOptions::new();
@@ -106,23 +107,20 @@ impl HostFs {
                     return Err(WorkspaceError::InvalidArgument(format!("{display:?} is not a regular file")));
                 }
                 let mut file = file.into_std();
-                let expected = usize::try_from(metadata.len()).unwrap_or(usize::MAX);
-                let mut first = Vec::with_capacity(expected.min(READ_BLOCK_BYTES));
-                io::Read::read_to_end(&mut io::Read::take(&mut file, READ_BLOCK_BYTES as u64), &mut first)
+                let expected = metadata.len();
+                let capacity = usize::try_from(expected).unwrap_or(usize::MAX);
+                let first = blocks::read_block(&mut file, READ_BLOCK_BYTES, capacity)
                     .map_err(|error| WorkspaceError::from_io("read", display, error))?;
                 // A short first block is the whole file; a full one may have more behind it.
-                let rest = first.len() == READ_BLOCK_BYTES;
-                Ok((file, Bytes::from(first), rest))
+                let rest = blocks::more_after(first.len(), READ_BLOCK_BYTES, first.len() as u64, expected);
+                Ok((file, Bytes::from(first), rest, expected))
             })
             .await?;
         let first = futures::stream::iter((!first.is_empty()).then_some(Ok(first)));
         if !rest {
             return Ok(first.boxed());
         }
-        let reader = tokio::fs::File::from_std(file);
-        let rest = ReaderStream::with_capacity(reader, READ_BLOCK_BYTES)
-            .map(move |chunk| chunk.map_err(|error| WorkspaceError::from_io("read", &display, error)));
-        Ok(first.chain(rest).boxed())
+        Ok(first.chain(blocks::after(file, READ_BLOCK_BYTES, READ_BLOCK_BYTES as u64, expected, display)).boxed())
     }
 
     /// Writes a file atomically: the chunks go to `.<name>.berth-tmp-<random>` in the target's
