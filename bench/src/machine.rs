@@ -72,7 +72,7 @@ impl MachineInfo {
 /// journal (a journaled ext4 has a `/proc/fs/jbd2/<device>-8` entry). Without a journal,
 /// ext4 does not reuse an inode freed in the last minutes and searches inode tables for a
 /// free one, which makes every storm after another slower.
-pub fn data_filesystem(dir: &Path) -> String {
+fn data_filesystem(dir: &Path) -> String {
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let Some((fs_type, source)) = mount_of(&mountinfo, &dir) else {

@@ -354,7 +354,7 @@ impl WorkspaceStore {
     }
 
     /// `txn` through this replica's group committer (`txn_commit.rs`).
-    async fn committed(&self, txn: Txn) -> std::result::Result<registry::TxnResponse, registry::RegistryError> {
+    async fn committed(&self, txn: Txn) -> registry::Result<registry::TxnResponse> {
         self.txns.get_or_init(|| TxnCommitter::start(Arc::clone(&self.registry))).txn(txn).await
     }
 

@@ -153,9 +153,10 @@ fn same_failure(error: &RegistryError) -> RegistryError {
 }
 
 async fn settle_each(registry: &RegistryRef, batch: Vec<Pending>) {
-    let outcomes = futures::future::join_all(batch.iter().map(|pending| registry.txn(pending.txn.clone()))).await;
-    for (pending, outcome) in batch.into_iter().zip(outcomes) {
-        let _ = pending.reply.send(outcome);
+    let (txns, replies): (Vec<Txn>, Vec<_>) = batch.into_iter().map(|pending| (pending.txn, pending.reply)).unzip();
+    let outcomes = futures::future::join_all(txns.into_iter().map(|txn| registry.txn(txn))).await;
+    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+        let _ = reply.send(outcome);
     }
 }
 

@@ -6,7 +6,7 @@
 //! [`netns`] gives networked sandboxes of the other host backends (bubblewrap, Docker) a
 //! network namespace of their own behind pasta, with the address policy in [`netns::policy`].
 
-pub mod blocks;
+mod blocks;
 pub mod hostfs;
 pub mod local;
 pub mod netns;
