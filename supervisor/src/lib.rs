@@ -11,14 +11,16 @@
 //! # Shape
 //!
 //! ```text
-//! node agent ──control (STREAM, fd 4)──▶ supervisor ──fork──▶ shim ──fork──▶ command
+//! node agent ──control (STREAM, fd 4)──▶ supervisor ──fork──▶ shim ──vfork──▶ command
 //!            ◀──────── per-exec connection (STREAM) ─────────────┘
 //! ```
 //!
 //! The supervisor only receives spawn messages and forks one **shim** per exec. The shim
 //! owns the exec: it reads the request from the exec's connection, optionally gives the
-//! exec a private `/tmp` and `/dev/shm` (a mount namespace of its own), forks the command
-//! (new session, stdio = the fds the node passed, rlimits, no capabilities, exact env),
+//! exec a private `/tmp` and `/dev/shm` (a mount namespace of its own), starts the command
+//! (new session, stdio = the fds the node passed, rlimits, no capabilities, exact env) from
+//! a child that shares the shim's memory until its `execve` (`clone` with `CLONE_VM |
+//! CLONE_VFORK`, as `posix_spawn` does: no page tables copied, no page faulted in twice),
 //! reports `Started`, waits, and when the command ends or a kill arrives kills the
 //! command's process group and every process left below the shim (it is a child
 //! subreaper, so whatever the command started, `setsid` or not, is reparented to it), then

@@ -5,12 +5,16 @@ use std::ffi::{CString, c_char};
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt as _;
 
-use super::sys;
+use super::sys::{self, ChildStack};
 use super::wire::{Reply, Request, Stage};
 
 /// How often the shim looks for its command's exit when pidfds are unavailable (Linux
 /// before 5.3).
 const FALLBACK_POLL_MS: i32 = 5;
+
+/// The stack the command's child runs on until its `execve`: system calls only, a few
+/// frames deep.
+const CHILD_STACK_BYTES: usize = 64 * 1024;
 
 /// How a command's environment is made from its request.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -36,51 +40,24 @@ pub fn run(connection: RawFd, stdio: [RawFd; 3], env: Env) -> ! {
         reply(connection, failed(Stage::Tmp, &error));
         sys::exit_now(1)
     }
-    let launch = Launch::new(&request, env);
-    let (report_read, report_write) = match sys::pipe_cloexec() {
-        Ok(pipe) => pipe,
-        Err(error) => {
-            reply(connection, failed(Stage::Fork, &error));
-            sys::exit_now(1)
-        }
-    };
-    let pid = match sys::fork_process() {
-        Ok(0) => {
-            sys::close_fd(report_read);
-            sys::close_fd(connection);
-            let (stage, error) = launch.start(stdio, &request);
-            let mut report = [0u8; 8];
-            report[..4].copy_from_slice(&(stage as i32).to_le_bytes());
-            report[4..].copy_from_slice(&error.raw_os_error().unwrap_or(0).to_le_bytes());
-            let _ = sys::write_all(report_write, &report);
-            sys::exit_now(127)
-        }
+    let mut launch = Launch::new(&request, env, stdio);
+    let pid = match ChildStack::new(CHILD_STACK_BYTES)
+        .and_then(|mut stack| sys::spawn_sharing_memory(&mut stack, &mut launch, Launch::become_command))
+    {
         Ok(pid) => pid,
         Err(error) => {
             reply(connection, failed(Stage::Fork, &error));
             sys::exit_now(1)
         }
     };
-    sys::close_fd(report_write);
     for fd in stdio {
         sys::close_fd(fd);
     }
-    // The report pipe is close-on-exec: end of file means the exec succeeded.
-    let mut report = [0u8; 8];
-    let mut filled = 0;
-    while filled < report.len() {
-        match sys::read_some(report_read, &mut report[filled..]) {
-            Ok(0) | Err(_) => break,
-            Ok(read) => filled += read,
-        }
-    }
-    sys::close_fd(report_read);
-    if filled == report.len() {
-        let stage = i32::from_le_bytes([report[0], report[1], report[2], report[3]]);
-        let errno = i32::from_le_bytes([report[4], report[5], report[6], report[7]]);
+    // The child is past its execve or has exited: a failure on the way is in `launch`.
+    if let Some((stage, errno)) = launch.failure {
         let mut status = None;
         kill_tree(pid, &mut status);
-        reply(connection, Reply::Failed { stage: Stage::from_code(stage).unwrap_or(Stage::Exec), errno });
+        reply(connection, Reply::Failed { stage, errno });
         sys::exit_now(0)
     }
     reply(connection, Reply::Started { pid });
@@ -202,20 +179,32 @@ fn failed(stage: Stage, error: &std::io::Error) -> Reply {
     Reply::Failed { stage, errno: error.raw_os_error().unwrap_or(0) }
 }
 
-/// Everything the command's child needs, allocated before the fork.
+/// Everything the command's child needs, allocated before it starts: the child shares the
+/// shim's memory until its `execve` and may not allocate (see
+/// [`sys::spawn_sharing_memory`]).
 struct Launch {
     candidates: Vec<CString>,
-    argv: Vec<CString>,
-    env: Vec<CString>,
+    /// The strings `argv_pointers` and `env_pointers` point into, kept alive with them.
+    _argv: Vec<CString>,
+    _env: Vec<CString>,
+    /// NULL-terminated pointers into `_argv` and `_env`.
+    argv_pointers: Vec<*const c_char>,
+    env_pointers: Vec<*const c_char>,
     cwd: CString,
     /// Entered from `cwd`, never leaving it (see [`Request::beneath`]).
     beneath: Option<CString>,
     /// For a file without a `#!` line (`ENOEXEC`): `/bin/sh <file> <args…>`, as `execvp`.
     shell: CString,
+    /// `[shell, <file>, argv[1..], NULL]`; the child fills in `<file>`.
+    shell_argv: Vec<*const c_char>,
+    stdio: [RawFd; 3],
+    rlimits: Vec<(u32, u64, u64)>,
+    /// Set by the child when it could not become the command: the stage and the errno.
+    failure: Option<(Stage, i32)>,
 }
 
 impl Launch {
-    fn new(request: &Request, env_kind: Env) -> Self {
+    fn new(request: &Request, env_kind: Env, stdio: [RawFd; 3]) -> Self {
         // Decoding refused NULs, so these conversions cannot fail.
         let c_string = |bytes: &[u8]| CString::new(bytes.to_vec()).unwrap_or_default();
         let program = &request.argv[0];
@@ -237,22 +226,44 @@ impl Launch {
                 })
                 .collect()
         };
+        let argv: Vec<CString> = request.argv.iter().map(|arg| c_string(arg)).collect();
+        let env: Vec<CString> = env.iter().map(|pair| c_string(pair)).collect();
+        let shell = c_string(std::ffi::OsStr::new("/bin/sh").as_bytes());
+        // A CString's bytes live on the heap: these pointers stay valid when `Launch` moves.
+        let argv_pointers = pointers(&argv);
+        let env_pointers = pointers(&env);
+        let mut shell_argv = vec![shell.as_ptr(), std::ptr::null()];
+        shell_argv.extend(argv_pointers.iter().skip(1).copied());
         Self {
             candidates,
-            argv: request.argv.iter().map(|arg| c_string(arg)).collect(),
-            env: env.iter().map(|pair| c_string(pair)).collect(),
+            _argv: argv,
+            _env: env,
+            argv_pointers,
+            env_pointers,
             cwd: c_string(&request.cwd),
             beneath: (!request.beneath.is_empty()).then(|| c_string(&request.beneath)),
-            shell: c_string(std::ffi::OsStr::new("/bin/sh").as_bytes()),
+            shell,
+            shell_argv,
+            stdio,
+            rlimits: request.rlimits.iter().map(|limit| (limit.resource, limit.soft, limit.hard)).collect(),
+            failure: None,
         }
     }
 
-    /// In the forked child: becomes the command. Returns only on failure, with the stage.
-    fn start(&self, stdio: [RawFd; 3], request: &Request) -> (Stage, std::io::Error) {
+    /// The command's child, in the shim's memory: becomes the command, or records why not
+    /// in `failure` and exits.
+    fn become_command(&mut self) -> ! {
+        let (stage, error) = self.start();
+        self.failure = Some((stage, error.raw_os_error().unwrap_or(0)));
+        sys::exit_now(127)
+    }
+
+    /// Returns only on failure, with the stage. System calls only: no allocation.
+    fn start(&mut self) -> (Stage, std::io::Error) {
         if let Err(error) = sys::new_session() {
             return (Stage::Session, error);
         }
-        for (target, fd) in stdio.into_iter().enumerate() {
+        for (target, fd) in self.stdio.into_iter().enumerate() {
             if let Err(error) = sys::dup_onto(fd, target as RawFd) {
                 return (Stage::Stdio, error);
             }
@@ -265,27 +276,24 @@ impl Launch {
         {
             return (Stage::Resolve, error);
         }
-        for limit in &request.rlimits {
-            if let Err(error) = sys::set_rlimit(limit.resource, limit.soft, limit.hard) {
+        for &(resource, soft, hard) in &self.rlimits {
+            if let Err(error) = sys::set_rlimit(resource, soft, hard) {
                 return (Stage::Rlimit, error);
             }
         }
         if let Err(error) = sys::unblock_all_signals().and_then(|()| sys::drop_all_capabilities()) {
             return (Stage::Capabilities, error);
         }
-        let argv = pointers(&self.argv);
-        let env = pointers(&self.env);
         // execvp's rules: the first candidate that runs wins; EACCES on any candidate is
         // reported over ENOENT; other errors stop the search.
         let mut seen_eacces = false;
         let mut last = std::io::Error::from_raw_os_error(sys::ENOENT);
         for candidate in &self.candidates {
-            let error = sys::exec(candidate, &argv, &env);
+            let error = sys::exec(candidate, &self.argv_pointers, &self.env_pointers);
             match error.raw_os_error() {
                 Some(sys::ENOEXEC) => {
-                    let mut shell_argv = vec![self.shell.as_ptr(), candidate.as_ptr()];
-                    shell_argv.extend(argv.iter().skip(1).copied());
-                    return (Stage::Exec, sys::exec(&self.shell, &shell_argv, &env));
+                    self.shell_argv[1] = candidate.as_ptr();
+                    return (Stage::Exec, sys::exec(&self.shell, &self.shell_argv, &self.env_pointers));
                 }
                 Some(sys::EACCES) => seen_eacces = true,
                 Some(sys::ENOENT | sys::ENOTDIR) => {}

@@ -108,6 +108,16 @@ unsafe extern "C" {
     fn socket(domain: c_int, kind: c_int, protocol: c_int) -> c_int;
     fn connect(fd: c_int, address: *const sockaddr_un, len: u32) -> c_int;
     fn open(path: *const c_char, flags: c_int, ...) -> c_int;
+    fn clone(
+        child: extern "C" fn(*mut c_void) -> c_int,
+        stack: *mut c_void,
+        flags: c_int,
+        arg: *mut c_void,
+        ...
+    ) -> c_int;
+    fn mmap(address: *mut c_void, len: usize, protection: c_int, flags: c_int, fd: c_int, offset: i64) -> *mut c_void;
+    fn mprotect(address: *mut c_void, len: usize, protection: c_int) -> c_int;
+    fn munmap(address: *mut c_void, len: usize) -> c_int;
 }
 
 pub const SIGKILL: c_int = 9;
@@ -156,9 +166,19 @@ const MS_NODEV: c_ulong = 4;
 const MS_REC: c_ulong = 16384;
 const MS_PRIVATE: c_ulong = 1 << 18;
 const SIG_SETMASK: c_int = 2;
+const CLONE_VM: c_int = 0x0000_0100;
+const CLONE_VFORK: c_int = 0x0000_4000;
+const SIGCHLD: c_int = 17;
+const PROT_NONE: c_int = 0;
+const PROT_READ: c_int = 1;
+const PROT_WRITE: c_int = 2;
+const MAP_PRIVATE: c_int = 0x02;
+const MAP_ANONYMOUS: c_int = 0x20;
+const MAP_STACK: c_int = 0x0002_0000;
+const PAGE: usize = 4096;
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-/// Highest capability number the supervisor drops from the bounding set (the kernel
-/// answers `EINVAL` past its own last one, which is ignored).
+/// Highest capability number the supervisor tries to drop from the bounding set; the loop
+/// ends at the kernel's own last one (the first that answers `EINVAL`).
 const CAP_LAST_TRIED: c_ulong = 63;
 
 #[cfg(target_arch = "x86_64")]
@@ -188,6 +208,84 @@ fn check_size(result: isize) -> io::Result<usize> {
 pub fn fork_process() -> io::Result<pid_t> {
     // SAFETY: no other thread exists whose locks the child could inherit held.
     check(unsafe { fork() })
+}
+
+/// The stack a [`spawn_sharing_memory`] child runs on: mapped once, untouched pages cost
+/// nothing, and its lowest page is a guard (an overflow faults instead of writing into the
+/// parent's memory).
+pub struct ChildStack {
+    base: *mut c_void,
+    len: usize,
+}
+
+impl ChildStack {
+    pub fn new(len: usize) -> io::Result<Self> {
+        let len = len.next_multiple_of(PAGE).max(2 * PAGE);
+        // SAFETY: an anonymous private mapping at an address of the kernel's choice.
+        let base = unsafe {
+            mmap(std::ptr::null_mut(), len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0)
+        };
+        if base as isize == -1 {
+            return Err(io::Error::from_raw_os_error(errno()));
+        }
+        let stack = Self { base, len };
+        // SAFETY: the first page of the mapping just made.
+        check(unsafe { mprotect(base, PAGE, PROT_NONE) })?;
+        Ok(stack)
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used (a child that ran on it has
+        // exec'd or exited before `spawn_sharing_memory` returned).
+        unsafe { munmap(self.base, self.len) };
+    }
+}
+
+/// What the trampoline hands the child: its function and its context.
+struct SharedChild<T> {
+    child: fn(&mut T) -> !,
+    context: *mut T,
+}
+
+extern "C" fn shared_child_entry<T>(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `SharedChild<T>` that `spawn_sharing_memory` keeps alive and
+    // does not touch while this child runs (the parent is suspended until it execs or
+    // exits); its `context` is a unique borrow for that time.
+    let shared = unsafe { &*arg.cast::<SharedChild<T>>() };
+    // SAFETY: as above.
+    (shared.child)(unsafe { &mut *shared.context })
+}
+
+/// Starts a child with `clone(CLONE_VM | CLONE_VFORK | SIGCHLD)` that runs `child(context)`
+/// on `stack` in this process's own memory (what `posix_spawn` does): no page tables are
+/// copied and no page is faulted in twice, which is most of what a `fork` before an
+/// `execve` costs. This process is suspended until the child has exec'd or exited; returns
+/// its pid. Whatever `child` writes into `context` (an error before its `execve`, say) is
+/// there when this returns.
+///
+/// `child` must end in [`exec`] or [`exit_now`] and make nothing but system calls on the
+/// way: no allocation, no lock, no unwinding — the heap and every lock are this process's.
+/// Its own credentials, fds, working directory, session, limits and signal mask are
+/// its own (none of `CLONE_FILES`, `CLONE_FS`, `CLONE_THREAD` is given). The caller must be
+/// single-threaded, as every user of this module is.
+pub fn spawn_sharing_memory<T>(stack: &mut ChildStack, context: &mut T, child: fn(&mut T) -> !) -> io::Result<pid_t> {
+    let mut shared = SharedChild { child, context: context as *mut T };
+    // Stacks grow down on x86_64 and aarch64; the top, 16-byte aligned as both ABIs want.
+    let top = (stack.base as usize + stack.len) & !15;
+    // SAFETY: `top` is the end of a live writable mapping that nothing else uses while the
+    // child runs; `shared` and `context` outlive the child's use of them, since CLONE_VFORK
+    // returns only after the child exec'd or exited.
+    let pid = unsafe {
+        clone(
+            shared_child_entry::<T>,
+            top as *mut c_void,
+            CLONE_VM | CLONE_VFORK | SIGCHLD,
+            (&mut shared as *mut SharedChild<T>).cast(),
+        )
+    };
+    check(pid)
 }
 
 /// `_exit(2)`: ends the process without running destructors or flushing stdio (which, in a
@@ -528,7 +626,8 @@ pub fn drop_all_capabilities() -> io::Result<()> {
         let dropped = unsafe { prctl(PR_CAPBSET_DROP, capability, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong) };
         if dropped < 0 {
             match errno() {
-                EINVAL => {}
+                // Capabilities are numbered without gaps: past the kernel's last one.
+                EINVAL => break,
                 // No CAP_SETPCAP (a container started with every capability dropped):
                 // fine exactly when the capability is already outside the bounding set
                 // (0) or past the kernel's last one (-1, EINVAL).

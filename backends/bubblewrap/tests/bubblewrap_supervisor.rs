@@ -212,3 +212,39 @@ async fn spawn_failures_are_typed_like_before() {
         }
     }
 }
+
+/// The supervisor starts the command from a child that shares its shim's memory until the
+/// `execve`, and follows `execvp`'s rules on the way: a file without a `#!` line runs
+/// under `/bin/sh` with its arguments, a PATH entry whose file is not executable is passed
+/// over for a later one, and with no executable candidate at all the spawn fails typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_is_found_and_started_by_execvps_rules() {
+    let sandbox = sandbox(WorkspaceSpec::default()).await;
+    let setup = sh(
+        &*sandbox.backend,
+        "mkdir -p /workspace/a /workspace/b && printf 'echo \"$0|$1|$2\"\\n' > /workspace/b/tool \
+         && chmod 755 /workspace/b/tool && printf 'echo wrong\\n' > /workspace/a/tool && chmod 644 /workspace/a/tool",
+        &[],
+    )
+    .await;
+    assert_eq!(setup.exit_code, 0, "{setup:?}");
+    let run = |path: &str| {
+        let mut spec = berth_workspace::ExecSpec::new(vec!["tool".into(), "one".into(), "two words".into()]);
+        spec.spawn.env.insert("PATH".into(), path.into());
+        spec
+    };
+    for _ in 0..3 {
+        let output = sandbox.backend.exec(&run("/workspace/a:/workspace/b")).await.expect("the second candidate runs");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "/workspace/b/tool|one|two words\n", "{output:?}");
+        assert_eq!(output.exit_code, 0);
+    }
+    match sandbox.backend.exec(&run("/workspace/a")).await {
+        Err(WorkspaceError::SpawnFailed { program, reason }) => {
+            assert_eq!(program, "tool");
+            assert!(reason.to_lowercase().contains("permission denied"), "{reason}");
+        }
+        other => panic!("a PATH with only a non-executable candidate: expected SpawnFailed, got {other:?}"),
+    }
+    // A failed start leaves the supervisor serving, with no child of it left behind.
+    assert_eq!(&sh(&*sandbox.backend, "echo $0", &[]).await.stdout[..], b"sh\n");
+}
