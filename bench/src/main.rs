@@ -37,17 +37,39 @@ fn main() {
         }
     };
     let code = runtime.block_on(async {
-        match run(cli).await {
-            Ok(code) => code,
-            Err(error) => {
-                eprintln!("berth-bench: {error:#}");
-                1
+        tokio::select! {
+            outcome = run(cli) => match outcome {
+                Ok(code) => code,
+                Err(error) => {
+                    eprintln!("berth-bench: {error:#}");
+                    1
+                }
+            },
+            // Dropping the run drops every guard it holds: processes are killed by PID,
+            // floor containers and temporary data dirs removed, as at a normal end.
+            signal = interrupted() => {
+                eprintln!("berth-bench: {signal}: stopping, removing what the run started");
+                130
             }
         }
     });
     // Every process was killed by PID as its owner dropped; nothing is left to wait for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     std::process::exit(code);
+}
+
+/// Resolves on the first SIGINT or SIGTERM (Ctrl-C, or an operator's `kill`), naming it.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        // Without handlers the default action stays: the run cannot be cleaned up on a signal.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => "interrupted (SIGINT)",
+        _ = terminate.recv() => "terminated (SIGTERM)",
+    }
 }
 
 /// Under `cargo run` (which builds only this package) with no `$BERTH_BIN`, builds the
