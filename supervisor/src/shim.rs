@@ -281,7 +281,8 @@ impl Launch {
                 return (Stage::Rlimit, error);
             }
         }
-        if let Err(error) = sys::unblock_all_signals().and_then(|()| sys::drop_all_capabilities()) {
+        let signals = sys::default_sigpipe().and_then(|()| sys::unblock_all_signals());
+        if let Err(error) = signals.and_then(|()| sys::drop_all_capabilities()) {
             return (Stage::Capabilities, error);
         }
         // execvp's rules: the first candidate that runs wins; EACCES on any candidate is

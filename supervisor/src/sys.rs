@@ -118,9 +118,14 @@ unsafe extern "C" {
     fn mmap(address: *mut c_void, len: usize, protection: c_int, flags: c_int, fd: c_int, offset: i64) -> *mut c_void;
     fn mprotect(address: *mut c_void, len: usize, protection: c_int) -> c_int;
     fn munmap(address: *mut c_void, len: usize) -> c_int;
+    #[link_name = "signal"]
+    fn set_disposition(signal: c_int, handler: usize) -> usize;
 }
 
 pub const SIGKILL: c_int = 9;
+const SIGPIPE: c_int = 13;
+const SIG_DFL: usize = 0;
+const SIG_ERR: usize = usize::MAX;
 pub const WNOHANG: c_int = 1;
 pub const POLLIN: i16 = 0x1;
 pub const POLLERR: i16 = 0x8;
@@ -649,6 +654,19 @@ pub fn drop_all_capabilities() -> io::Result<()> {
     // SAFETY: capset(2) with a v3 header and two data structs.
     let set = unsafe { syscall(SYS_CAPSET, &header as *const cap_header, data.as_ptr()) };
     if set < 0 { Err(io::Error::from_raw_os_error(errno())) } else { Ok(()) }
+}
+
+/// Gives `SIGPIPE` back its default action. Rust's runtime ignores it in the supervisor, and
+/// an ignored signal stays ignored across `execve`: a command would get `EPIPE` instead of
+/// dying when its reader goes (`yes | head`), unlike every command std or tokio spawns (they
+/// reset it the same way).
+pub fn default_sigpipe() -> io::Result<()> {
+    // SAFETY: installs the default action, no handler.
+    if unsafe { set_disposition(SIGPIPE, SIG_DFL) } == SIG_ERR {
+        Err(io::Error::from_raw_os_error(errno()))
+    } else {
+        Ok(())
+    }
 }
 
 /// Empties the signal mask (the command starts with nothing blocked).

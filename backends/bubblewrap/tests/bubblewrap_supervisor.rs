@@ -24,7 +24,7 @@ fn per_exec() -> BubblewrapConfig {
 /// are left out.
 const CONFINEMENT_PROBE: &str = r#"
 id
-grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status
+grep -E '^(Cap|NoNewPrivs|Seccomp|SigIgn|SigBlk)' /proc/self/status
 cat /proc/self/uid_map /proc/self/gid_map
 ulimit -a
 env | sort
@@ -58,6 +58,13 @@ async fn a_supervised_command_sees_the_same_sandbox_as_a_per_exec_one() {
     assert!(supervised_text.contains("CapBnd:\t0000000000000000"), "{supervised_text}");
     assert!(supervised_text.contains("NoNewPrivs:\t1"), "{supervised_text}");
     assert!(supervised_text.contains("PROBE_VALUE=x y"), "{supervised_text}");
+    // SIGPIPE at its default (the supervisor's runtime ignores it) and nothing blocked.
+    let mask = |name: &str| {
+        let line = supervised_text.lines().find_map(|line| line.strip_prefix(name)).expect(name);
+        u64::from_str_radix(line.trim(), 16).expect(name)
+    };
+    assert_eq!(mask("SigIgn:") & (1 << (13 - 1)), 0, "SIGPIPE ignored: {supervised_text}");
+    assert_eq!(mask("SigBlk:"), 0, "{supervised_text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -229,6 +229,14 @@ async fn unprivileged_without_capabilities() {
     let (uid, gid) = node.driver.container_user();
     assert!(status.ends_with(&format!("{uid}\n{gid}\n")), "{status}");
     assert_ne!(uid, 0);
+    // Signals as a fresh process has them: SIGPIPE not ignored (the supervisor's runtime
+    // ignores it for itself), nothing blocked.
+    let mask = |name: &str| {
+        let line = status.lines().find_map(|line| line.strip_prefix(name)).expect(name);
+        u64::from_str_radix(line.trim(), 16).expect(name)
+    };
+    assert_eq!(mask("SigIgn:") & (1 << (13 - 1)), 0, "SIGPIPE ignored: {status}");
+    assert_eq!(mask("SigBlk:"), 0, "{status}");
 }
 
 #[tokio::test]
