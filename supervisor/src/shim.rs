@@ -6,7 +6,7 @@ use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt as _;
 
 use super::sys::{self, ChildStack};
-use super::wire::{Reply, Request, Stage};
+use super::wire::{Reply, Request, Rlimit, Stage};
 
 /// How often the shim looks for its command's exit when pidfds are unavailable (Linux
 /// before 5.3).
@@ -198,7 +198,7 @@ struct Launch {
     /// `[shell, <file>, argv[1..], NULL]`; the child fills in `<file>`.
     shell_argv: Vec<*const c_char>,
     stdio: [RawFd; 3],
-    rlimits: Vec<(u32, u64, u64)>,
+    rlimits: Vec<Rlimit>,
     /// Set by the child when it could not become the command: the stage and the errno.
     failure: Option<(Stage, i32)>,
 }
@@ -245,7 +245,7 @@ impl Launch {
             shell,
             shell_argv,
             stdio,
-            rlimits: request.rlimits.iter().map(|limit| (limit.resource, limit.soft, limit.hard)).collect(),
+            rlimits: request.rlimits.clone(),
             failure: None,
         }
     }
@@ -276,8 +276,8 @@ impl Launch {
         {
             return (Stage::Resolve, error);
         }
-        for &(resource, soft, hard) in &self.rlimits {
-            if let Err(error) = sys::set_rlimit(resource, soft, hard) {
+        for limit in &self.rlimits {
+            if let Err(error) = sys::set_rlimit(limit.resource, limit.soft, limit.hard) {
                 return (Stage::Rlimit, error);
             }
         }

@@ -87,8 +87,6 @@ unsafe extern "C" {
     fn sendmsg(fd: c_int, message: *const msghdr, flags: c_int) -> isize;
     fn send(fd: c_int, buffer: *const c_void, len: usize, flags: c_int) -> isize;
     fn recv(fd: c_int, buffer: *mut c_void, len: usize, flags: c_int) -> isize;
-    fn read(fd: c_int, buffer: *mut c_void, len: usize) -> isize;
-    fn write(fd: c_int, buffer: *const c_void, len: usize) -> isize;
     fn pipe2(fds: *mut c_int, flags: c_int) -> c_int;
     fn socketpair(domain: c_int, kind: c_int, protocol: c_int, fds: *mut c_int) -> c_int;
     fn shutdown(fd: c_int, how: c_int) -> c_int;
@@ -537,30 +535,6 @@ pub fn recv_some(fd: RawFd, buffer: &mut [u8]) -> io::Result<usize> {
             other => return other,
         }
     }
-}
-
-/// `read(2)`, retried on `EINTR`.
-pub fn read_some(fd: RawFd, buffer: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: buffer is a live buffer.
-        match check_size(unsafe { read(fd, buffer.as_mut_ptr().cast(), buffer.len()) }) {
-            Err(error) if error.raw_os_error() == Some(EINTR) => {}
-            other => return other,
-        }
-    }
-}
-
-/// `write(2)` of all of `bytes`.
-pub fn write_all(fd: RawFd, mut bytes: &[u8]) -> io::Result<()> {
-    while !bytes.is_empty() {
-        // SAFETY: bytes is a live buffer.
-        match check_size(unsafe { write(fd, bytes.as_ptr().cast(), bytes.len()) }) {
-            Ok(written) => bytes = &bytes[written..],
-            Err(error) if error.raw_os_error() == Some(EINTR) => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(())
 }
 
 /// A close-on-exec pipe: (read end, write end).
