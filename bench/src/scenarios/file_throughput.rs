@@ -1,7 +1,9 @@
 //! `file-throughput`: one file written then read through the control plane (streaming
 //! WriteFile / ReadFile: client → replica → node agent → disk), per file size and chunk
 //! size, against the same bytes written and read on the local disk the way the node does
-//! it (temp file, fsync, rename, fsync of the directory; then read back in chunks).
+//! it (temp file, fsync, rename, fsync of the directory; then read back in chunks). A read
+//! row also carries what the bytes alone cost over loopback TCP, in one hop and relayed
+//! through a second ([`transport_floor`](super::transport_floor)).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -16,6 +18,7 @@ use rand::RngCore;
 use tonic::transport::Channel;
 
 use super::common::{self, create_request};
+use super::transport_floor;
 use crate::env::progress;
 use crate::env::{self, Ctx};
 use crate::report::{Floor, Quantity, ScenarioResult};
@@ -81,6 +84,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
             let node = Target::Node(node_client(&node_channel), generation);
             let direct = measure(&node, &workspace_id, &format!("{path}.direct"), &data, chunk, repetitions).await;
             let floor = measure_floor(floor_dir.path(), &data, chunk, repetitions).await;
+            let transport = transport_floor::measure(size as usize, chunk, repetitions).await;
             for direction in [Direction::Write, Direction::Read] {
                 let case = format!("{} {size_mib} MiB chunk {chunk_kib} KiB", direction.label());
                 let mut row = row(ctx, &case, direction, size, chunk_kib, repetitions, &measured, &floor);
@@ -91,11 +95,41 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
                         row.metric("node_direct_mib_per_s", size as f64 / MIB as f64 / (summary.p50_ms / 1000.0));
                     }
                 }
+                if let (Ok(row), Direction::Read) = (&mut row, direction) {
+                    transport_readings(row, &transport, &direct);
+                }
                 results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
             }
         }
     }
     Ok(results)
+}
+
+/// A read row's transport floors, and the replica's and the node's reads against them
+/// (how far Berth is from what moving the bytes over its sockets costs at least).
+fn transport_readings(
+    row: &mut ScenarioResult,
+    transport: &anyhow::Result<transport_floor::TransportFloor>,
+    direct: &Timings,
+) {
+    let floor = match transport {
+        Ok(floor) => floor,
+        Err(error) => {
+            row.fail(format!("transport floor: {error:#}"));
+            return;
+        }
+    };
+    let (Some(one_hop), Some(relayed)) = (Summary::of(&floor.one_hop), Summary::of(&floor.relayed)) else {
+        return;
+    };
+    row.metric("tcp_one_hop_p50_ms", one_hop.p50_ms);
+    row.metric("tcp_relayed_p50_ms", relayed.p50_ms);
+    if let Some(measured) = &row.latency_ms {
+        row.metric("via_replica_over_tcp_relayed", measured.p50_ms / relayed.p50_ms);
+    }
+    if let Some(node) = direct.as_ref().ok().and_then(|(_, reads)| Summary::of(reads)) {
+        row.metric("node_direct_over_tcp_one_hop", node.p50_ms / one_hop.p50_ms);
+    }
 }
 
 /// Write and read latencies of `repetitions` round trips.

@@ -13,6 +13,7 @@ pub mod hot_resolve;
 pub mod node_scale;
 pub mod registry_scale;
 pub mod snapshot;
+pub mod transport_floor;
 
 use crate::env::Ctx;
 use crate::report::ScenarioResult;
