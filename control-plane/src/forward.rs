@@ -229,6 +229,18 @@ impl Forwarder {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    /// `ReadFile`, its answer relayed as the node's HTTP/2 response, undecoded
+    /// (`passthrough.rs`); authorized, validated and routed like every other call.
+    pub async fn read_file_passthrough(
+        &self,
+        request: Request<v1::ReadFileRequest>,
+    ) -> Result<http::Response<tonic::body::Body>, Status> {
+        let (response, _slot) = self
+            .unary_holding(request, |node, request| crate::passthrough::read_file_from_node(node.channel, request))
+            .await?;
+        Ok(response.into_inner())
+    }
+
     /// A client-streaming call: the header is authorized and validated, the route resolved
     /// once (a stream cannot be replayed), then the stream piped to the node; a broken
     /// client stream reaches the node as a reset.

@@ -16,6 +16,7 @@ pub mod lease;
 pub mod lock_janitor;
 pub mod metrics;
 pub mod node_client;
+pub mod passthrough;
 pub mod placement;
 pub mod policy;
 pub mod quota;

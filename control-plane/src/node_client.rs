@@ -34,6 +34,9 @@ pub type NodeAgentClient = NodeAgentServiceClient<NodeChannel>;
 pub struct DataPlaneClient {
     pub workspace: WorkspaceServiceClient<NodeChannel>,
     pub contract: ContractServiceClient<NodeChannel>,
+    /// The same channel for calls whose response is relayed as HTTP/2 frames, undecoded
+    /// (`passthrough.rs`).
+    pub channel: NodeChannel,
 }
 
 /// Adds what every node call carries: the node credential and the caller's trace context
@@ -86,9 +89,10 @@ impl NodeClients {
             workspace: WorkspaceServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            contract: ContractServiceClient::new(channel)
+            contract: ContractServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            channel,
         })
     }
 

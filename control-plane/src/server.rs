@@ -15,10 +15,12 @@ use crate::auth::{AuthLayer, Authenticator};
 use crate::authz::Access;
 use crate::binding::Binder;
 use crate::config::ControlPlaneConfig;
+use crate::forward::Forwarder;
 use crate::heartbeat::HeartbeatService;
 use crate::keys::Keys;
 use crate::lease::ReplicaLease;
 use crate::node_client::NodeClients;
+use crate::passthrough::ReadFilePassthrough;
 use crate::quota::UserQuotas;
 use crate::records::{self, RECORD_VERSION, ReplicaRecord, now_ms};
 use crate::registry::RegistryRef;
@@ -127,10 +129,14 @@ pub async fn serve(
         ContractServiceServer::new(ContractApi::new(Arc::clone(&router), access.clone(), config.node_call_timeout))
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes);
-    let workspace_api =
+    // ReadFile bypasses the generated server: its answer is relayed undecoded.
+    let read_file = Forwarder::new(Arc::clone(&router), access.clone(), config.node_call_timeout);
+    let workspace_api = ReadFilePassthrough::new(
         WorkspaceServiceServer::new(WorkspaceApi::new(router, sessions, access, config.node_call_timeout))
             .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes);
+            .max_encoding_message_size(config.max_message_bytes),
+        read_file,
+    );
     let admin_api = AdminServiceServer::new(
         AdminApi::new(
             Arc::clone(&store),
