@@ -236,7 +236,7 @@ impl Forwarder {
         request: Request<v1::ReadFileRequest>,
     ) -> Result<http::Response<tonic::body::Body>, Status> {
         let (response, _slot) = self
-            .unary_holding(request, |node, request| crate::passthrough::read_file_from_node(node.channel, request))
+            .unary_holding(request, |node, request| crate::node_client::read_file_relayed(node.channel, request))
             .await?;
         Ok(response.into_inner())
     }

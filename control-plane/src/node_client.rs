@@ -1,6 +1,7 @@
 //! Pooled gRPC clients to node agents, one lazily connected channel per node address, for
 //! the node-only lifecycle service ([`NodeAgentClient`]) and the node's data plane (the
-//! public services, [`DataPlaneClient`]).
+//! public services, [`DataPlaneClient`]); [`read_file_relayed`] is the node's `ReadFile`
+//! call whose answer the replica relays undecoded (`passthrough.rs`).
 //! Every call about a workspace carries the generation the replica expects the node to hold,
 //! and every call carries the replica credential made for that node (`authorization:
 //! Bearer …`, [`NodeAuth::outbound`]), which no other node accepts; `https://` node
@@ -13,11 +14,20 @@ use std::time::Duration;
 use berth_proto::auth::BearerInterceptor;
 use berth_proto::meta;
 use berth_proto::tls::ClientTls;
+use berth_proto::v1;
 use berth_proto::v1::contract_service_client::ContractServiceClient;
 use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{CONTENT_TYPE, TE};
+use http::{HeaderValue, Method, StatusCode, Uri, Version};
+use http_body_util::Full;
+use prost::Message;
+use tonic::body::Body;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Status};
+use tower::Service;
 
 use crate::auth::NodeAuth;
 use crate::error::ControlPlaneError;
@@ -139,4 +149,52 @@ pub fn untimed_node_request<T>(message: T, generation: u64) -> tonic::Request<T>
         request.metadata_mut().insert(meta::GENERATION, value);
     }
     request
+}
+
+/// The one RPC whose answer a replica relays undecoded (`passthrough.rs`).
+pub const READ_FILE_PATH: &str = "/berth.v1.WorkspaceService/ReadFile";
+
+/// gRPC's length-prefixed message header: a compression flag and a 4-byte length.
+pub const FRAME_HEADER_BYTES: usize = 5;
+
+/// The node's `ReadFile` answer, undecoded: its status if it refused at once, else its
+/// response (headers, the body's frames as they come, trailers).
+pub async fn read_file_relayed(
+    mut channel: NodeChannel,
+    request: tonic::Request<v1::ReadFileRequest>,
+) -> Result<tonic::Response<http::Response<Body>>, Status> {
+    let (metadata, extensions, message) = request.into_parts();
+    let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + message.encoded_len());
+    frame.put_u8(0);
+    frame.put_u32(u32::try_from(message.encoded_len()).map_err(|_| Status::invalid_argument("request too large"))?);
+    message.encode(&mut frame).map_err(|error| Status::internal(format!("encoding the node request: {error}")))?;
+    let mut outbound = http::Request::new(Body::new(Full::new(Bytes::from(frame))));
+    *outbound.method_mut() = Method::POST;
+    *outbound.uri_mut() = Uri::from_static(READ_FILE_PATH);
+    *outbound.version_mut() = Version::HTTP_2;
+    // The generation and any deadline (`grpc-timeout`) travel as metadata, as with a
+    // generated client; the channel's interceptor adds the node credential and trace.
+    *outbound.headers_mut() = metadata.into_headers();
+    outbound.headers_mut().insert(TE, HeaderValue::from_static("trailers"));
+    outbound.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    *outbound.extensions_mut() = extensions;
+
+    // The errors map as a generated client maps them, so the router's retry rules (which
+    // look for a connect error in the source chain) apply unchanged.
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .map_err(|error| Status::unknown(format!("Service was not ready: {error}")))?;
+    let response = channel.call(outbound).await.map_err(|error| Status::from_error(error.into()))?;
+    if let Some(status) = Status::from_header_map(response.headers())
+        && status.code() != Code::Ok
+    {
+        return Err(status);
+    }
+    if response.status() != StatusCode::OK {
+        return Err(Status::unknown(format!("the node answered ReadFile with HTTP {}", response.status())));
+    }
+    let (parts, body) = response.into_parts();
+    let mut relayed = http::Response::new(Body::new(body));
+    *relayed.headers_mut() = parts.headers;
+    Ok(tonic::Response::new(relayed))
 }

@@ -18,28 +18,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use berth_proto::v1;
-use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{CONTENT_TYPE, TE};
-use http::{HeaderValue, Method, StatusCode, Uri, Version};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use prost::Message;
+use tonic::Status;
 use tonic::body::Body;
 use tonic::metadata::MetadataMap;
 use tonic::server::NamedService;
-use tonic::{Code, Status};
 use tower::Service;
 
 use crate::forward::Forwarder;
-use crate::node_client::NodeChannel;
-
-/// The one RPC relayed undecoded.
-pub const READ_FILE_PATH: &str = "/berth.v1.WorkspaceService/ReadFile";
+use crate::node_client::{FRAME_HEADER_BYTES, READ_FILE_PATH};
 
 /// Largest `ReadFile` request body accepted (a workspace id, a path, a chunk size).
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
-
-/// gRPC's length-prefixed message header: a compression flag and a 4-byte length.
-const FRAME_HEADER_BYTES: usize = 5;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -118,46 +109,4 @@ async fn single_message(body: Body) -> Result<v1::ReadFileRequest, Status> {
     }
     v1::ReadFileRequest::decode(payload)
         .map_err(|error| Status::invalid_argument(format!("the ReadFile request does not decode: {error}")))
-}
-
-/// The node's `ReadFile` answer, undecoded: its status if it refused at once, else its
-/// response (headers, the body's frames as they come, trailers).
-pub async fn read_file_from_node(
-    mut channel: NodeChannel,
-    request: tonic::Request<v1::ReadFileRequest>,
-) -> Result<tonic::Response<http::Response<Body>>, Status> {
-    let (metadata, extensions, message) = request.into_parts();
-    let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + message.encoded_len());
-    frame.put_u8(0);
-    frame.put_u32(u32::try_from(message.encoded_len()).map_err(|_| Status::invalid_argument("request too large"))?);
-    message.encode(&mut frame).map_err(|error| Status::internal(format!("encoding the node request: {error}")))?;
-    let mut outbound = http::Request::new(Body::new(Full::new(Bytes::from(frame))));
-    *outbound.method_mut() = Method::POST;
-    *outbound.uri_mut() = Uri::from_static(READ_FILE_PATH);
-    *outbound.version_mut() = Version::HTTP_2;
-    // The generation and any deadline (`grpc-timeout`) travel as metadata, as with a
-    // generated client; the channel's interceptor adds the node credential and trace.
-    *outbound.headers_mut() = metadata.into_headers();
-    outbound.headers_mut().insert(TE, HeaderValue::from_static("trailers"));
-    outbound.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    *outbound.extensions_mut() = extensions;
-
-    // The errors map as a generated client maps them, so the router's retry rules (which
-    // look for a connect error in the source chain) apply unchanged.
-    std::future::poll_fn(|cx| channel.poll_ready(cx))
-        .await
-        .map_err(|error| Status::unknown(format!("Service was not ready: {error}")))?;
-    let response = channel.call(outbound).await.map_err(|error| Status::from_error(error.into()))?;
-    if let Some(status) = Status::from_header_map(response.headers())
-        && status.code() != Code::Ok
-    {
-        return Err(status);
-    }
-    if response.status() != StatusCode::OK {
-        return Err(Status::unknown(format!("the node answered ReadFile with HTTP {}", response.status())));
-    }
-    let (parts, body) = response.into_parts();
-    let mut relayed = http::Response::new(Body::new(body));
-    *relayed.headers_mut() = parts.headers;
-    Ok(tonic::Response::new(relayed))
 }
