@@ -164,9 +164,11 @@ pub async fn read_file_relayed(
     request: tonic::Request<v1::ReadFileRequest>,
 ) -> Result<tonic::Response<http::Response<Body>>, Status> {
     let (metadata, extensions, message) = request.into_parts();
-    let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + message.encoded_len());
+    // The message came in a body of at most 64 KiB, so its length fits the header's u32.
+    let length = message.encoded_len();
+    let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + length);
     frame.put_u8(0);
-    frame.put_u32(u32::try_from(message.encoded_len()).map_err(|_| Status::invalid_argument("request too large"))?);
+    frame.put_u32(u32::try_from(length).map_err(|_| Status::invalid_argument("request too large"))?);
     message.encode(&mut frame).map_err(|error| Status::internal(format!("encoding the node request: {error}")))?;
     let mut outbound = http::Request::new(Body::new(Full::new(Bytes::from(frame))));
     *outbound.method_mut() = Method::POST;
