@@ -117,7 +117,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         if settings.quick { "quick run" } else { "full run" },
         if machine.git_dirty { ", work tree dirty" } else { "" }
     );
-    let ctx = Ctx { settings, machine: Arc::clone(&machine) };
+    let ctx = Ctx::new(settings, Arc::clone(&machine));
     let started = Instant::now();
     let mut results: Vec<ScenarioResult> = Vec::new();
     for name in names {

@@ -424,6 +424,16 @@ impl Cluster {
         found
     }
 
+    /// Stops every process like a drop does, but leaves the nodes' data directories on disk
+    /// and returns the directory that holds them: the caller removes it when it chooses.
+    /// (A benchmark defers that to the end of its run: on ext4 without a journal, the inode
+    /// allocator walks past every inode freed in the last minute or more, so removing
+    /// thousands of workspaces slows every file created just after.)
+    pub fn stop_keeping_data(mut self) -> PathBuf {
+        self.data_root.disable_cleanup(true);
+        self.data_root.path().to_path_buf()
+    }
+
     /// Keeps every process's log and every node's data directory on disk (a failed check
     /// wants them read), and says where they are.
     pub fn keep_for_inspection(&mut self) -> String {

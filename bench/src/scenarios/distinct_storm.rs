@@ -27,6 +27,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Vec<ScenarioResult>> {
             let row = storm(ctx, &etcd, &cluster, replicas, size).await;
             results.push(common::row_or_error(NAME, &case, &ctx.machine, row));
         }
+        // Thousands of workspaces: removed when the run ends, not before the next cluster's storm.
+        ctx.retire(cluster);
     }
     Ok(results)
 }
