@@ -38,7 +38,7 @@ pub struct Ctx {
     pub settings: Settings,
     pub machine: Arc<MachineInfo>,
     /// Data directories of stopped clusters, removed when the run ends (see [`Ctx::retire`]).
-    pub retired: std::sync::Mutex<Vec<RetiredDir>>,
+    retired: std::sync::Mutex<Vec<RetiredDir>>,
 }
 
 impl Ctx {
@@ -60,7 +60,7 @@ impl Ctx {
 }
 
 /// A directory removed, with everything in it, when dropped.
-pub struct RetiredDir(std::path::PathBuf);
+struct RetiredDir(std::path::PathBuf);
 
 impl Drop for RetiredDir {
     fn drop(&mut self) {

@@ -425,10 +425,8 @@ impl Cluster {
     }
 
     /// Stops every process like a drop does, but leaves the nodes' data directories on disk
-    /// and returns the directory that holds them: the caller removes it when it chooses.
-    /// (A benchmark defers that to the end of its run: on ext4 without a journal, the inode
-    /// allocator walks past every inode freed in the last minute or more, so removing
-    /// thousands of workspaces slows every file created just after.)
+    /// and returns the directory that holds them: the caller removes it when it chooses (the
+    /// bench, at the end of its run: `berth-bench`'s `Ctx::retire` says why).
     pub fn stop_keeping_data(mut self) -> PathBuf {
         self.data_root.disable_cleanup(true);
         self.data_root.path().to_path_buf()
