@@ -10,13 +10,12 @@
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
-use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, WorkspaceError};
 use crate::process::{BoxedReader, BoxedWriter, ExecEvent, ExecOutput, ExecSpec, ExitInfo, ProcessControl, Spawned};
@@ -37,22 +36,29 @@ const EVENT_BUFFER: usize = 8;
 /// Errors: only when the backend fails (`wait`/`kill`/pipe read errors); a non-zero exit, a
 /// signal or a timeout are results, not errors.
 pub async fn run_to_completion(spawned: Spawned, spec: &ExecSpec) -> Result<ExecOutput> {
-    let mut events = stream_events(spawned, spec.clone());
-    // The pump already caps each stream, so these buffers are bounded by max_output_bytes.
-    let mut stdout = BytesMut::new();
-    let mut stderr = BytesMut::new();
-    while let Some(event) = events.next().await {
-        match event? {
-            ExecEvent::Stdout(chunk) => stdout.extend_from_slice(&chunk),
-            ExecEvent::Stderr(chunk) => stderr.extend_from_slice(&chunk),
-            ExecEvent::Exit(mut output) => {
-                output.stdout = stdout.freeze();
-                output.stderr = stderr.freeze();
-                return Ok(output);
+    // The pump runs in this task, beside the collector, rather than as a task of its own:
+    // a unary exec then costs no task spawn and no cross-task wake-ups. Dropping this future
+    // drops the pump, and with it the process tree, as dropping the stream does.
+    let (sender, mut events) = mpsc::channel(EVENT_BUFFER);
+    let collect = async move {
+        // The pump already caps each stream, so these buffers are bounded by max_output_bytes.
+        let mut stdout = BytesMut::new();
+        let mut stderr = BytesMut::new();
+        while let Some(event) = events.recv().await {
+            match event? {
+                ExecEvent::Stdout(chunk) => stdout.extend_from_slice(&chunk),
+                ExecEvent::Stderr(chunk) => stderr.extend_from_slice(&chunk),
+                ExecEvent::Exit(mut output) => {
+                    output.stdout = stdout.freeze();
+                    output.stderr = stderr.freeze();
+                    return Ok(output);
+                }
             }
         }
-    }
-    Err(WorkspaceError::Backend { backend: "exec", message: "process output ended without an exit status".into() })
+        Err(WorkspaceError::Backend { backend: "exec", message: "process output ended without an exit status".into() })
+    };
+    let ((), output) = futures::future::join(pump(spawned, spec.clone(), sender), collect).await;
+    output
 }
 
 /// Streams a spawned process's output as events, then exactly one `Exit` (see
@@ -92,12 +98,6 @@ struct Pump {
 async fn pump(spawned: Spawned, spec: ExecSpec, events: mpsc::Sender<Result<ExecEvent>>) {
     let Spawned { stdin, stdout, stderr, control } = spawned;
     let started = Instant::now();
-    // The writer runs apart from the readers: a child that reads stdin only after filling
-    // its stdout pipe would otherwise deadlock against us. The guard stops it when we end.
-    let stdin_cancel = CancellationToken::new();
-    let _stop_stdin = stdin_cancel.clone().drop_guard();
-    tokio::spawn(feed_stdin(stdin, spec.stdin.clone(), stdin_cancel));
-
     let mut state = Pump {
         control,
         events,
@@ -109,7 +109,9 @@ async fn pump(spawned: Spawned, spec: ExecSpec, events: mpsc::Sender<Result<Exec
     };
     let mut stdout = OutputPipe::new(stdout, spec.max_output_bytes);
     let mut stderr = OutputPipe::new(stderr, spec.max_output_bytes);
-    match state.run(&mut stdout, &mut stderr).await {
+    // The writer is polled beside the readers, not after them: a child that reads stdin only
+    // after filling its stdout pipe would otherwise deadlock against us.
+    match while_feeding(state.run(&mut stdout, &mut stderr), feed_stdin(stdin, spec.stdin.clone())).await {
         Ok(()) => {
             let exit = state.exit.unwrap_or_default();
             let output = ExecOutput {
@@ -220,18 +222,28 @@ fn pipe_error(stream: &'static str, source: std::io::Error) -> Stop {
     Stop::Failed(WorkspaceError::Io { op: "read exec output", path: stream.to_owned(), source })
 }
 
+/// Runs `work` to its end while `feed` makes progress beside it; `feed` is dropped when
+/// `work` ends, finished or not.
+async fn while_feeding<T>(work: impl Future<Output = T>, feed: impl Future<Output = ()>) -> T {
+    let mut work = std::pin::pin!(work);
+    let mut feed = std::pin::pin!(feed);
+    let mut fed = false;
+    loop {
+        tokio::select! {
+            biased;
+            output = &mut work => return output,
+            () = &mut feed, if !fed => fed = true,
+        }
+    }
+}
+
 /// Writes stdin, then closes it so the child sees EOF. Write errors are expected and
 /// ignored: a child that exits (or closes stdin) without reading it is not a failure.
-async fn feed_stdin(mut stdin: BoxedWriter, data: Bytes, cancel: CancellationToken) {
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = async {
-            if !data.is_empty() {
-                let _ = stdin.write_all(&data).await;
-            }
-            let _ = stdin.shutdown().await;
-        } => {}
+async fn feed_stdin(mut stdin: BoxedWriter, data: Bytes) {
+    if !data.is_empty() {
+        let _ = stdin.write_all(&data).await;
     }
+    let _ = stdin.shutdown().await;
     // `stdin` drops here, closing the pipe.
 }
 
@@ -239,19 +251,20 @@ async fn feed_stdin(mut stdin: BoxedWriter, data: Bytes, cancel: CancellationTok
 /// never blocks on a full pipe.
 struct OutputPipe {
     reader: Option<BoxedReader>,
-    buffer: Box<[u8]>,
+    /// Read into without being zeroed first; a chunk is split off it (no copy) or, when
+    /// small, copied out so the buffer is reused.
+    buffer: BytesMut,
     remaining: usize,
     truncated: bool,
 }
 
+/// Chunks up to this size are copied out of the read buffer, which is then reused; larger
+/// ones are split off it without a copy.
+const COPY_OUT_BYTES: usize = 4 * 1024;
+
 impl OutputPipe {
     fn new(reader: BoxedReader, cap: usize) -> Self {
-        Self {
-            reader: Some(reader),
-            buffer: vec![0; READ_CHUNK_BYTES].into_boxed_slice(),
-            remaining: cap,
-            truncated: false,
-        }
+        Self { reader: Some(reader), buffer: BytesMut::new(), remaining: cap, truncated: false }
     }
 
     fn is_done(&self) -> bool {
@@ -265,12 +278,15 @@ impl OutputPipe {
 
     /// Reads once. `Some(chunk)` is output within the cap; `None` means EOF (the pipe is then
     /// done) or that everything read was past the cap. Cancel-safe: the only await is the
-    /// read itself.
+    /// read itself, and `read_buf` keeps nothing when cancelled.
     async fn next_chunk(&mut self) -> std::io::Result<Option<Bytes>> {
         let Some(reader) = self.reader.as_mut() else {
             return Ok(None);
         };
-        let read = reader.read(&mut self.buffer).await?;
+        self.buffer.clear();
+        self.buffer.reserve(READ_CHUNK_BYTES);
+        // At most one chunk's worth, whatever room a reused buffer has.
+        let read = reader.read_buf(&mut (&mut self.buffer).limit(READ_CHUNK_BYTES)).await?;
         if read == 0 {
             self.reader = None;
             return Ok(None);
@@ -280,7 +296,11 @@ impl OutputPipe {
             self.truncated = true;
         }
         self.remaining -= kept;
-        Ok((kept > 0).then(|| Bytes::copy_from_slice(&self.buffer[..kept])))
+        Ok(match kept {
+            0 => None,
+            small if small <= COPY_OUT_BYTES => Some(Bytes::copy_from_slice(&self.buffer[..small])),
+            large => Some(self.buffer.split_to(large).freeze()),
+        })
     }
 }
 
@@ -410,5 +430,51 @@ mod tests {
         }
         assert_eq!((received, exits), (payload.len(), 1));
         drop(out_writer);
+    }
+
+    /// A `cat` whose pipes hold far less than its input: the exec must write stdin while it
+    /// reads stdout, and every byte must come back in order whatever the size of each read
+    /// (small ones are copied out of the read buffer, large ones split off it).
+    #[tokio::test]
+    async fn feeds_stdin_while_reading_output_and_keeps_every_byte() {
+        let (stdin_writer, mut stdin_reader) = duplex(16 * 1024);
+        let (mut out_writer, out_reader) = duplex(96 * 1024);
+        let (err_writer, err_reader) = duplex(1024);
+        let (exit_sender, exit_receiver) = tokio::sync::oneshot::channel();
+        let input: Vec<u8> = (0..3 * 1024 * 1024 + 17).map(|index: u32| (index % 251) as u8).collect();
+        let cat = tokio::spawn(async move {
+            let mut block = vec![0; 3000];
+            loop {
+                let read = tokio::io::AsyncReadExt::read(&mut stdin_reader, &mut block).await.unwrap();
+                if read == 0 {
+                    break;
+                }
+                out_writer.write_all(&block[..read]).await.unwrap();
+            }
+            drop((out_writer, err_writer));
+            exit_sender.send(ExitInfo { code: Some(0), signal: None }).unwrap();
+        });
+        let spawned = Spawned {
+            stdin: Box::pin(stdin_writer),
+            stdout: Box::pin(out_reader),
+            stderr: Box::pin(err_reader),
+            control: Box::new(FakeControl {
+                exit: Some(exit_receiver),
+                killed: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                status: None,
+            }),
+        };
+        let mut spec = ExecSpec::new(vec!["cat".into()]);
+        spec.stdin = Bytes::from(input.clone());
+        spec.max_output_bytes = input.len() - 5;
+        let output = tokio::time::timeout(Duration::from_secs(30), run_to_completion(spawned, &spec))
+            .await
+            .expect("stdin and stdout were served together")
+            .unwrap();
+        cat.await.unwrap();
+        assert_eq!(output.exit_code, 0);
+        assert!(output.stdout_truncated);
+        assert_eq!(output.stdout.len(), input.len() - 5);
+        assert!(output.stdout[..] == input[..input.len() - 5], "output differs from its input");
     }
 }

@@ -419,6 +419,11 @@ impl HostFs {
     /// Checks that `path` is a directory inside the root and returns its physical host
     /// path (symlinks resolved inside the root), for use as a process's cwd.
     pub async fn resolve_dir(&self, path: &RelPath) -> Result<PathBuf> {
+        // The root is where every exec runs by default: known without a trip to the
+        // blocking pool.
+        if path.is_root() {
+            return Ok(self.host_root.clone());
+        }
         let relative = path.clone();
         let host_root = self.host_root.clone();
         self.blocking(move |root, _owner| {
