@@ -338,6 +338,22 @@ mod tests {
         }
     }
 
+    /// A fake process on these pipes that exits when `exit` says so.
+    fn exiting_on(
+        exit: tokio::sync::oneshot::Receiver<ExitInfo>,
+        stdin: tokio::io::DuplexStream,
+        stdout: tokio::io::DuplexStream,
+        stderr: tokio::io::DuplexStream,
+    ) -> Spawned {
+        let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        Spawned {
+            stdin: Box::pin(stdin),
+            stdout: Box::pin(stdout),
+            stderr: Box::pin(stderr),
+            control: Box::new(FakeControl { exit: Some(exit), killed, status: None }),
+        }
+    }
+
     #[tokio::test]
     async fn caps_and_orders_output() {
         let (stdin_writer, _stdin_reader) = duplex(1024);
@@ -401,16 +417,7 @@ mod tests {
         let payload = vec![b'o'; 2 * 1024 * 1024];
         out_writer.write_all(&payload).await.unwrap();
         exit_sender.send(ExitInfo { code: Some(0), signal: None }).unwrap();
-        let spawned = Spawned {
-            stdin: Box::pin(stdin_writer),
-            stdout: Box::pin(out_reader),
-            stderr: Box::pin(err_reader),
-            control: Box::new(FakeControl {
-                exit: Some(exit_receiver),
-                killed: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                status: None,
-            }),
-        };
+        let spawned = exiting_on(exit_receiver, stdin_writer, out_reader, err_reader);
         let mut spec = ExecSpec::new(vec!["fake".into()]);
         spec.max_output_bytes = payload.len();
         let mut events = stream_events(spawned, spec);
@@ -454,16 +461,7 @@ mod tests {
             drop((out_writer, err_writer));
             exit_sender.send(ExitInfo { code: Some(0), signal: None }).unwrap();
         });
-        let spawned = Spawned {
-            stdin: Box::pin(stdin_writer),
-            stdout: Box::pin(out_reader),
-            stderr: Box::pin(err_reader),
-            control: Box::new(FakeControl {
-                exit: Some(exit_receiver),
-                killed: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                status: None,
-            }),
-        };
+        let spawned = exiting_on(exit_receiver, stdin_writer, out_reader, err_reader);
         let mut spec = ExecSpec::new(vec!["cat".into()]);
         spec.stdin = Bytes::from(input.clone());
         spec.max_output_bytes = input.len() - 5;
