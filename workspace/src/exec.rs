@@ -452,7 +452,7 @@ mod tests {
         let cat = tokio::spawn(async move {
             let mut block = vec![0; 3000];
             loop {
-                let read = tokio::io::AsyncReadExt::read(&mut stdin_reader, &mut block).await.unwrap();
+                let read = stdin_reader.read(&mut block).await.unwrap();
                 if read == 0 {
                     break;
                 }
