@@ -4,8 +4,9 @@
 //! closing one of its streams). The command runs in the container's namespaces; the
 //! status is sent once the process exited and its stdout and stderr were drained (so, as
 //! on a real cluster, a background process holding stdout holds the exec open), then a
-//! close frame. The output of a client that went away is read and dropped, and its
-//! process's stdin is closed.
+//! close frame, after which what the client still sends is read and dropped until it
+//! answers with its own close (the closing handshake). The output of a client that went
+//! away is read and dropped, and its process's stdin is closed.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -35,6 +36,8 @@ const STDERR: u8 = 2;
 const STATUS: u8 = 3;
 const CLOSE: u8 = 255;
 const READ_CHUNK: usize = 32 * 1024;
+/// How long the closing handshake may take before the socket is dropped anyway.
+const CLOSING_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What the query string asked for.
 #[derive(Debug, Default)]
@@ -291,5 +294,15 @@ where
     let _ = outgoing.send(framed(STATUS, status.to_string().as_bytes())).await;
     drop(outgoing);
     let _ = writer.await;
-    reader.abort();
+    // A process that exited without reading all its stdin leaves the client still sending
+    // it. Dropping the socket with that input unread makes the kernel reset the connection,
+    // and a client can lose the status it had not read yet (kube-rs then reports the stdin
+    // write that failed): read on until the client's close, for a while.
+    // In the background: the exec is over for everything else.
+    let abort = reader.abort_handle();
+    tokio::spawn(async move {
+        if tokio::time::timeout(CLOSING_HANDSHAKE, reader).await.is_err() {
+            abort.abort();
+        }
+    });
 }
