@@ -62,6 +62,9 @@ pub struct NodeAgentConfig {
     pub control_plane_tls: Option<ClientTls>,
     /// Most execs running at once in one workspace; more get RESOURCE_EXHAUSTED.
     pub max_execs_per_workspace: u32,
+    /// Most provisions of one host backend doing their host work at once
+    /// (`--max-concurrent-provisions`, default [`crate::state::default_provision_slots`]).
+    pub max_concurrent_provisions: usize,
     /// Operator defaults and ceilings of spec and exec limits (`--default-*`,
     /// `--ceiling-*`).
     pub limits: crate::limits::NodeLimits,
@@ -128,6 +131,7 @@ impl NodeAgentConfig {
             client_ca: None,
             control_plane_tls: None,
             max_execs_per_workspace: 32,
+            max_concurrent_provisions: crate::state::default_provision_slots(),
             limits: crate::limits::NodeLimits::default(),
             exec_output_budget_bytes: DEFAULT_EXEC_OUTPUT_BUDGET_BYTES,
             sandbox_allow_cidrs: Vec::new(),
@@ -208,6 +212,9 @@ impl NodeAgentConfig {
         }
         if self.max_execs_per_workspace == 0 {
             return Err("max execs per workspace must be at least 1".into());
+        }
+        if self.max_concurrent_provisions == 0 {
+            return Err("--max-concurrent-provisions must be at least 1".into());
         }
         if self.backends.iter().any(|name| name == "bubblewrap") {
             self.bubblewrap.validate().map_err(|error| error.to_string())?;
@@ -343,6 +350,18 @@ mod tests {
         config.backends = vec!["docker".into()];
         config.warm_pool = [("docker".to_owned(), MAX_WARM_POOL + 1)].into();
         assert!(config.validate().unwrap_err().contains("at most"));
+    }
+
+    #[test]
+    fn provisions_at_once_default_to_four_per_core_and_never_to_none() {
+        let mut config = NodeAgentConfig::new("node-1", "/data/node-1");
+        config.control_planes = vec!["http://127.0.0.1:7070".into()];
+        config.backends = vec!["docker".into()];
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(config.max_concurrent_provisions, 4 * cores);
+        config.validate().unwrap();
+        config.max_concurrent_provisions = 0;
+        assert!(config.validate().unwrap_err().contains("--max-concurrent-provisions must be at least 1"));
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub async fn serve(
         drivers,
         config.default_backend().to_owned(),
         config.debug_provision_delay,
+        config.max_concurrent_provisions,
     ));
     workspaces.set_debug_destroy_delay(config.debug_destroy_delay);
     // One budget for everything buffered on its way back: unary exec output, MCP results.

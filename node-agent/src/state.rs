@@ -17,9 +17,10 @@ use berth_workspace::{
 use serde::{Deserialize, Serialize};
 
 use crate::error::NodeError;
-use crate::limits::NodeLimits;
 use crate::quarantine::{Quarantine, QuarantineReason};
 use crate::snapshots::NodeSnapshotsRef;
+
+mod startup;
 
 const META_VERSION: u32 = 1;
 
@@ -97,6 +98,21 @@ pub struct Workspaces {
     quarantine: Quarantine,
     /// The snapshot store (`--snapshot-store`), if any.
     snapshots: RwLock<Option<NodeSnapshotsRef>>,
+    /// Per host driver, admits `--max-concurrent-provisions` of its provisions at a time to
+    /// their host work ([`default_provision_slots`] says why). One per driver, so a wedged
+    /// Docker daemon holds up Docker's provisions only.
+    provisions: HashMap<String, tokio::sync::Semaphore>,
+}
+
+/// The default of `--max-concurrent-provisions`: four per core. Bounds how many provisions
+/// of one host driver (local, bubblewrap, docker) do their host work at once: making the
+/// root, the driver's own provision, the layout and the state file. Each of those steps is
+/// a trip to the blocking pool, and every root is made in the same `workspaces/` directory,
+/// whose lock the kernel takes for each: unbounded, a storm of 1000 distinct first sessions
+/// had a node start 515 threads, all contending for that lock; with eight at a time it
+/// starts about 50. The others wait their turn, in order.
+pub fn default_provision_slots() -> usize {
+    4 * std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// Outcome of a provision.
@@ -124,9 +140,9 @@ impl Workspaces {
         drivers: HashMap<String, BackendDriverRef>,
         default_backend: String,
         debug_provision_delay: Duration,
+        provision_slots: usize,
     ) -> Self {
         Self {
-            drivers,
             default_backend,
             entries: RwLock::new(HashMap::new()),
             lifecycle: Mutex::new(HashMap::new()),
@@ -136,6 +152,17 @@ impl Workspaces {
             floors: RwLock::new(HashMap::new()),
             quarantine: Quarantine::new(data_dir_quarantine(&data_dir)),
             snapshots: RwLock::new(None),
+            provisions: drivers
+                .iter()
+                .filter(|(_, driver)| !driver.portable())
+                .map(|(name, _)| {
+                    (
+                        name.clone(),
+                        tokio::sync::Semaphore::new(provision_slots.min(tokio::sync::Semaphore::MAX_PERMITS)),
+                    )
+                })
+                .collect(),
+            drivers,
             data_dir,
         }
     }
@@ -300,96 +327,6 @@ impl Workspaces {
         names
     }
 
-    /// Loads the state files and brings back the runtimes that should run, under today's
-    /// defaults and ceilings (`limits`): a spec stored before the operator lowered a
-    /// ceiling is brought down to it (and logged), not left above it.
-    pub async fn restore(&self, limits: &NodeLimits) -> Result<(), WorkspaceError> {
-        let state_dir = self.data_dir.join("state");
-        tokio::fs::create_dir_all(&state_dir).await.map_err(|source| WorkspaceError::Io {
-            op: "create",
-            path: state_dir.display().to_string(),
-            source,
-        })?;
-        // 0700: state files hold workspace specs, their env (API keys...) included; no
-        // sandbox uid may read them, even one that got out of its sandbox.
-        tokio::fs::set_permissions(&state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .await
-            .map_err(|source| WorkspaceError::Io { op: "chmod 0700", path: state_dir.display().to_string(), source })?;
-        tokio::fs::create_dir_all(self.data_dir.join("workspaces")).await.map_err(|source| WorkspaceError::Io {
-            op: "create",
-            path: "workspaces".into(),
-            source,
-        })?;
-        let mut listing = tokio::fs::read_dir(&state_dir).await.map_err(|source| WorkspaceError::Io {
-            op: "list",
-            path: state_dir.display().to_string(),
-            source,
-        })?;
-        while let Ok(Some(file)) = listing.next_entry().await {
-            let path = file.path();
-            if path.extension().and_then(|extension| extension.to_str()) == Some("floor") {
-                self.restore_floor(&path).await;
-                continue;
-            }
-            if path.extension().and_then(|extension| extension.to_str()) != Some("json") {
-                continue;
-            }
-            match self.restore_one(&path, limits).await {
-                Ok(id) => tracing::info!(ws_id = %id, "restored workspace"),
-                Err(error) => tracing::warn!(path = %path.display(), %error, "skipping a workspace state file"),
-            }
-        }
-        Ok(())
-    }
-
-    async fn restore_floor(&self, path: &Path) {
-        let id = path.file_stem().and_then(|stem| stem.to_str()).and_then(|stem| WorkspaceId::new(stem).ok());
-        let floor = tokio::fs::read_to_string(path).await.ok().and_then(|text| text.trim().parse::<u64>().ok());
-        match (id, floor) {
-            (Some(id), Some(floor)) => {
-                self.floors.write().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id, floor);
-            }
-            _ => tracing::warn!(path = %path.display(), "skipping an unreadable generation floor"),
-        }
-    }
-
-    async fn restore_one(&self, path: &Path, limits: &NodeLimits) -> Result<WorkspaceId, WorkspaceError> {
-        let bytes = tokio::fs::read(path).await.map_err(|source| WorkspaceError::Io {
-            op: "read",
-            path: path.display().to_string(),
-            source,
-        })?;
-        let mut meta: Meta = serde_json::from_slice(&bytes)
-            .map_err(|error| WorkspaceError::Corrupt { what: path.display().to_string(), reason: error.to_string() })?;
-        let lowered = limits.clamp_spec(&mut meta.spec);
-        if !lowered.is_empty() {
-            tracing::warn!(ws_id = %meta.workspace_id, ?lowered, "restored workspace brought under today's ceilings");
-        }
-        let backend = if meta.running {
-            let driver = self.driver(&meta.backend)?;
-            let root = self.root_of(&meta.workspace_id);
-            let placement = Placement { generation: meta.generation, owner: &meta.owner, fresh: false };
-            let context =
-                ProvisionContext { workspace_id: &meta.workspace_id, root: &root, spec: &meta.spec, placement };
-            Some(driver.provision(context).await?)
-        } else {
-            None
-        };
-        let id = meta.workspace_id.clone();
-        self.insert(Entry {
-            id: meta.workspace_id,
-            generation: meta.generation,
-            backend_name: meta.backend,
-            spec: meta.spec,
-            owner: meta.owner,
-            backend,
-            last_access_ms: AtomicI64::new(now_ms()),
-            execs_in_flight: AtomicU32::new(0),
-            last_snapshot_ms: AtomicI64::new(0),
-        });
-        Ok(id)
-    }
-
     /// Makes the workspace exist and run at `generation`. Idempotent: the same generation
     /// again is a no-op. Refused ([`NodeError::StaleGeneration`]) at or below a generation
     /// this node has already seen go, and below the copy it holds: a newer placement already
@@ -481,6 +418,12 @@ impl Workspaces {
                 None => restore_failures.push("this node has no snapshot store (--snapshot-store)".to_owned()),
             }
         }
+        // Host drivers only: a portable driver's provision is a provider's API call, with no
+        // host work to bound. The semaphores are never closed; the slot is held to the end.
+        let _slot = match self.provisions.get(&backend_name) {
+            Some(slots) => slots.acquire().await.ok(),
+            None => None,
+        };
         // A portable driver's files live in the provider's sandbox, never under the root.
         if !driver.portable() {
             tokio::fs::create_dir_all(&root).await.map_err(|source| WorkspaceError::Io {

@@ -1,6 +1,7 @@
 //! Binding across replicas with real processes: however many replicas race for one
 //! workspace id — and even when the replica holding the bind lock dies mid-provision —
-//! every caller gets the same workspace and exactly one copy exists on disk.
+//! every caller gets the same workspace and exactly one copy exists on disk; a storm of
+//! distinct first sessions is provisioned a bounded number at a time.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -280,4 +281,57 @@ async fn a_copy_left_by_a_stalled_holder_goes_when_its_node_returns() {
     assert_eq!(cluster.workspace_dirs(), expected, "{}", cluster.logs(40));
     let ran = cluster.replicas[stalled].server.exec(&workspace_id, &["sh", "-c", "echo ok"]).await;
     assert_eq!(ran.expect("exec through the woken replica").stdout, b"ok\n");
+}
+
+/// The threads of process `pid` now (`Threads:` of `/proc/<pid>/status`).
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read the node's /proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("a Threads line")
+}
+
+/// 200 concurrent first sessions of distinct agents on one node: each gets a workspace of
+/// its own, while the node provisions `--max-concurrent-provisions` of them at a time. Idle
+/// blocking-pool threads stay ten seconds, so the count right after the storm shows what it
+/// needed: unbounded, the node started a thread per provision in flight (~200 more here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_distinct_first_sessions_provisions_a_bounded_number_at_once() {
+    const CALLS: usize = 200;
+    const SLOTS: usize = 2;
+    let mut config = ClusterConfig::on_shared_etcd(1, 1);
+    config.node_flags = vec!["--max-concurrent-provisions".into(), SLOTS.to_string()];
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let node = cluster.nodes[0].server.pid();
+    let before = threads_of(node);
+
+    let handles: Vec<_> = (0..CALLS)
+        .map(|index| {
+            let mut client = cluster.replicas[0].server.workspace_client();
+            let request = v1::CreateSessionRequest {
+                user_id: "alice".into(),
+                agent_id: format!("agent-{index}"),
+                ..Default::default()
+            };
+            tokio::spawn(async move { client.create_session(request).await.map(tonic::Response::into_inner) })
+        })
+        .collect();
+    let mut workspace_ids = BTreeSet::new();
+    for handle in handles {
+        let session = handle.await.expect("create task");
+        let session = session.unwrap_or_else(|status| panic!("create: {status:?}\n{}", cluster.logs(30)));
+        workspace_ids.insert(session.workspace_id);
+    }
+    let after = threads_of(node);
+
+    assert_eq!(workspace_ids.len(), CALLS, "one workspace per agent");
+    assert_eq!(cluster.workspace_dirs().len(), CALLS, "one directory per workspace on the node's disk");
+    // Each slot's provision makes a few trips to the blocking pool, and a thread that just
+    // finished one is not always idle again when the next trip starts: a few per slot.
+    assert!(
+        after <= before + 8 * SLOTS,
+        "the node went from {before} to {after} threads for {CALLS} provisions, {SLOTS} at a time"
+    );
 }

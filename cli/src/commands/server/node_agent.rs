@@ -113,6 +113,10 @@ pub struct NodeFlags {
     /// Most execs running at once in one workspace (more get RESOURCE_EXHAUSTED).
     #[arg(long, default_value_t = 32)]
     pub max_execs_per_workspace: u32,
+    /// Most provisions of one host backend (local, bubblewrap, docker) doing their host work
+    /// at once; the others wait their turn. Default: four per core.
+    #[arg(long)]
+    pub max_concurrent_provisions: Option<usize>,
     /// Address range (CIDR or single address) networked sandboxes may reach although the
     /// default policy blocks it: private, loopback, link-local, CGNAT ranges and the
     /// host's own addresses (repeatable or comma-separated).
@@ -252,6 +256,9 @@ impl NodeFlags {
         config.quarantine_retention = self.quarantine_retention;
         config.docker_image = self.docker_image.clone();
         config.max_execs_per_workspace = self.max_execs_per_workspace;
+        if let Some(provisions) = self.max_concurrent_provisions {
+            config.max_concurrent_provisions = provisions;
+        }
         config.sandbox_allow_cidrs = split_list(&self.sandbox_allow_cidrs)
             .iter()
             .map(|cidr| cidr.parse().with_context(|| format!("--sandbox-allow-cidr {cidr:?}")))
