@@ -16,13 +16,13 @@ use nix::sys::signal::Signal;
 /// finished.
 type CreateOutcome = (usize, Result<v1::Session, tonic::Status>, Instant);
 
-/// Starts `count` CreateSession calls for one (user, agent), spread round-robin over the
-/// replicas, all at once.
+/// Starts `count` CreateSession calls for `user`, call `index` for agent `agent(index)`,
+/// spread round-robin over the replicas, all at once.
 fn spawn_creates(
     cluster: &Cluster,
     count: usize,
     user: &str,
-    agent: &str,
+    agent: impl Fn(usize) -> String,
 ) -> Vec<tokio::task::JoinHandle<CreateOutcome>> {
     let replicas = cluster.replicas.len();
     (0..count)
@@ -30,7 +30,7 @@ fn spawn_creates(
             let replica = index % replicas;
             let mut client = cluster.replicas[replica].server.workspace_client();
             let request =
-                v1::CreateSessionRequest { user_id: user.into(), agent_id: agent.into(), ..Default::default() };
+                v1::CreateSessionRequest { user_id: user.into(), agent_id: agent(index), ..Default::default() };
             tokio::spawn(async move {
                 let outcome = client.create_session(request).await.map(tonic::Response::into_inner);
                 (replica, outcome, Instant::now())
@@ -49,7 +49,7 @@ async fn concurrent_first_creates_over_three_replicas_make_one_workspace() {
     config.node_flags = vec!["--debug-provision-delay".into(), "1s".into()];
     let cluster = Cluster::start(config).await.expect("cluster");
 
-    let handles = spawn_creates(&cluster, 300, "alice", "coder");
+    let handles = spawn_creates(&cluster, 300, "alice", |_| "coder".into());
     let mut workspace_ids = BTreeSet::new();
     let mut session_ids = BTreeSet::new();
     let mut failures = Vec::new();
@@ -125,7 +125,7 @@ async fn killing_the_lock_holder_mid_provision_still_binds_one_workspace() {
         "unused",
     );
 
-    let handles = spawn_creates(&cluster, 30, "bob", "builder");
+    let handles = spawn_creates(&cluster, 30, "bob", |_| "builder".into());
     let holder = wait_for(Duration::from_secs(10), || async {
         cluster.lock_holder(registry.as_ref(), &workspace_id).await.ok().flatten()
     })
@@ -307,20 +307,10 @@ async fn a_storm_of_distinct_first_sessions_provisions_a_bounded_number_at_once(
     let node = cluster.nodes[0].server.pid();
     let before = threads_of(node);
 
-    let handles: Vec<_> = (0..CALLS)
-        .map(|index| {
-            let mut client = cluster.replicas[0].server.workspace_client();
-            let request = v1::CreateSessionRequest {
-                user_id: "alice".into(),
-                agent_id: format!("agent-{index}"),
-                ..Default::default()
-            };
-            tokio::spawn(async move { client.create_session(request).await.map(tonic::Response::into_inner) })
-        })
-        .collect();
+    let handles = spawn_creates(&cluster, CALLS, "alice", |index| format!("agent-{index}"));
     let mut workspace_ids = BTreeSet::new();
     for handle in handles {
-        let session = handle.await.expect("create task");
+        let (_, session, _) = handle.await.expect("create task");
         let session = session.unwrap_or_else(|status| panic!("create: {status:?}\n{}", cluster.logs(30)));
         workspace_ids.insert(session.workspace_id);
     }

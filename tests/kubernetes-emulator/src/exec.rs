@@ -297,8 +297,8 @@ where
     // A process that exited without reading all its stdin leaves the client still sending
     // it. Dropping the socket with that input unread makes the kernel reset the connection,
     // and a client can lose the status it had not read yet (kube-rs then reports the stdin
-    // write that failed): read on until the client's close, for a while.
-    // In the background: the exec is over for everything else.
+    // write that failed): read on until the client's close, for a while, in the
+    // background (the exec is over for everything else).
     let abort = reader.abort_handle();
     tokio::spawn(async move {
         if tokio::time::timeout(CLOSING_HANDSHAKE, reader).await.is_err() {
