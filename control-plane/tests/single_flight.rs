@@ -55,6 +55,8 @@ async fn harness_with(provision_delay: Duration, round_trip: Duration) -> Harnes
     let mut node_config = berth_node_agent::NodeAgentConfig::new("node-a", data.path());
     node_config.control_planes = vec![replica_url];
     node_config.debug_provision_delay = provision_delay;
+    // The delay is served in a provision slot: every provision of a test waits it at once.
+    node_config.max_concurrent_provisions = 1000;
     node_config.allow_unsandboxed = true;
     tokio::spawn(berth_node_agent::serve(node_listener, node_config, cancel.clone()));
 

@@ -31,7 +31,8 @@ pub struct NodeAgentConfig {
     pub max_file_bytes: u64,
     /// Image of docker workspaces whose spec names none.
     pub docker_image: String,
-    /// Test hook: every Provision waits this long first (widens the bind window).
+    /// Test hook: every Provision that makes or changes a copy waits this long in its slot of
+    /// `max_concurrent_provisions`, before its host work (widens the bind window).
     pub debug_provision_delay: Duration,
     /// Test hook: every Destroy waits this long after removing the files, before it answers.
     pub debug_destroy_delay: Duration,

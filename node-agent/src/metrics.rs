@@ -6,6 +6,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 
 pub const PROVISION_SECONDS: &str = "berth_node_agent_provision_duration_seconds";
+pub const PROVISIONS_WAITING: &str = "berth_node_agent_provisions_waiting";
 pub const EXEC_SECONDS: &str = "berth_node_agent_exec_duration_seconds";
 pub const WORKSPACES: &str = "berth_node_agent_workspaces";
 pub const FENCED: &str = "berth_node_agent_fenced";
@@ -21,6 +22,10 @@ pub const WARM_POOL_CLAIMS: &str = "berth_node_agent_warm_pool_claims_total";
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_histogram!(PROVISION_SECONDS, Unit::Seconds, "provisions on this node, by backend and outcome");
+    describe_gauge!(
+        PROVISIONS_WAITING,
+        "provisions waiting for a slot of --max-concurrent-provisions (their duration includes the wait), by backend"
+    );
     describe_histogram!(
         EXEC_SECONDS,
         Unit::Seconds,
@@ -78,4 +83,8 @@ pub(crate) fn snapshot_failed(kind: &'static str) {
 pub(crate) fn warm_pool(backend: &str, level: berth_workspace::PoolLevel) {
     gauge!(WARM_POOL_READY, "backend" => backend.to_owned()).set(level.ready as f64);
     counter!(WARM_POOL_CLAIMS, "backend" => backend.to_owned()).absolute(level.claimed);
+}
+
+pub(crate) fn provision_waiting(backend: &str, change: f64) {
+    gauge!(PROVISIONS_WAITING, "backend" => backend.to_owned()).increment(change);
 }

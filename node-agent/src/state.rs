@@ -20,7 +20,11 @@ use crate::error::NodeError;
 use crate::quarantine::{Quarantine, QuarantineReason};
 use crate::snapshots::NodeSnapshotsRef;
 
+mod slots;
 mod startup;
+
+use slots::ProvisionSlots;
+pub use slots::default_provision_slots;
 
 const META_VERSION: u32 = 1;
 
@@ -99,20 +103,8 @@ pub struct Workspaces {
     /// The snapshot store (`--snapshot-store`), if any.
     snapshots: RwLock<Option<NodeSnapshotsRef>>,
     /// Per host driver, admits `--max-concurrent-provisions` of its provisions at a time to
-    /// their host work ([`default_provision_slots`] says why). One per driver, so a wedged
-    /// Docker daemon holds up Docker's provisions only.
-    provisions: HashMap<String, tokio::sync::Semaphore>,
-}
-
-/// The default of `--max-concurrent-provisions`: four per core. Bounds how many provisions
-/// of one host driver (local, bubblewrap, docker) do their host work at once: making the
-/// root, the driver's own provision, the layout and the state file. Each of those steps is
-/// a trip to the blocking pool, and every root is made in the same `workspaces/` directory,
-/// whose lock the kernel takes for each: unbounded, a storm of 1000 distinct first sessions
-/// had a node start 515 threads, all contending for that lock; with eight at a time it
-/// starts about 50. The others wait their turn, in order.
-pub fn default_provision_slots() -> usize {
-    4 * std::thread::available_parallelism().map_or(1, usize::from)
+    /// their host work.
+    provisions: ProvisionSlots,
 }
 
 /// Outcome of a provision.
@@ -152,16 +144,10 @@ impl Workspaces {
             floors: RwLock::new(HashMap::new()),
             quarantine: Quarantine::new(data_dir_quarantine(&data_dir)),
             snapshots: RwLock::new(None),
-            provisions: drivers
-                .iter()
-                .filter(|(_, driver)| !driver.portable())
-                .map(|(name, _)| {
-                    (
-                        name.clone(),
-                        tokio::sync::Semaphore::new(provision_slots.min(tokio::sync::Semaphore::MAX_PERMITS)),
-                    )
-                })
-                .collect(),
+            provisions: ProvisionSlots::new(
+                drivers.iter().filter(|(_, driver)| !driver.portable()).map(|(name, _)| name),
+                provision_slots,
+            ),
             drivers,
             data_dir,
         }
@@ -348,9 +334,6 @@ impl Workspaces {
         let driver = Arc::clone(self.driver(&backend_name)?);
         let lock = self.lifecycle_lock(id);
         let _guard = lock.lock().await;
-        if !self.debug_provision_delay.is_zero() {
-            tokio::time::sleep(self.debug_provision_delay).await;
-        }
         if let Some(floor) = self.floor(id)
             && generation <= floor
         {
@@ -419,11 +402,11 @@ impl Workspaces {
             }
         }
         // Host drivers only: a portable driver's provision is a provider's API call, with no
-        // host work to bound. The semaphores are never closed; the slot is held to the end.
-        let _slot = match self.provisions.get(&backend_name) {
-            Some(slots) => slots.acquire().await.ok(),
-            None => None,
-        };
+        // host work to bound. The slot is held to the end.
+        let _slot = self.provisions.enter(&backend_name).await;
+        if !self.debug_provision_delay.is_zero() {
+            tokio::time::sleep(self.debug_provision_delay).await;
+        }
         // A portable driver's files live in the provider's sandbox, never under the root.
         if !driver.portable() {
             tokio::fs::create_dir_all(&root).await.map_err(|source| WorkspaceError::Io {

@@ -1,7 +1,8 @@
 //! Binding across replicas with real processes: however many replicas race for one
 //! workspace id — and even when the replica holding the bind lock dies mid-provision —
 //! every caller gets the same workspace and exactly one copy exists on disk; a storm of
-//! distinct first sessions is provisioned a bounded number at a time.
+//! distinct first sessions is provisioned a bounded number at a time, the waiting ones
+//! counted.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -324,4 +325,37 @@ async fn a_storm_of_distinct_first_sessions_provisions_a_bounded_number_at_once(
         after <= before + 8 * SLOTS,
         "the node went from {before} to {after} threads for {CALLS} provisions, {SLOTS} at a time"
     );
+}
+
+/// Provisions beyond a node's `--max-concurrent-provisions` wait their turn in
+/// `berth_node_agent_provisions_waiting`: with one slot, each provision holding it for the
+/// debug delay, two of three distinct first sessions are seen waiting, and none once all
+/// three are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisions_waiting_for_a_slot_are_counted_until_their_turn() {
+    const DEADLINE: Duration = Duration::from_secs(30);
+    let metrics = berth_tests::process::free_port().expect("port");
+    let mut config = ClusterConfig::on_shared_etcd(1, 1);
+    config.node_flags = vec![
+        "--metrics-listen".into(),
+        format!("127.0.0.1:{metrics}"),
+        "--max-concurrent-provisions".into(),
+        "1".into(),
+        "--debug-provision-delay".into(),
+        "3s".into(),
+    ];
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let waiting = || async {
+        let scraped = berth_tests::observe::scrape(metrics).await.ok()?;
+        scraped.value("berth_node_agent_provisions_waiting", &[("backend", "local")])
+    };
+
+    let handles = spawn_creates(&cluster, 3, "alice", |index| format!("agent-{index}"));
+    let seen = wait_for(DEADLINE, || async { waiting().await.filter(|count| *count == 2.0) }).await;
+    assert_eq!(seen, Some(2.0), "two provisions wait while the third holds the one slot");
+    for handle in handles {
+        let (_, session, _) = handle.await.expect("create task");
+        session.unwrap_or_else(|status| panic!("create: {status:?}\n{}", cluster.logs(30)));
+    }
+    assert_eq!(waiting().await, Some(0.0), "none waits once every provision has run");
 }

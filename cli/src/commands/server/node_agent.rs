@@ -144,7 +144,8 @@ pub struct NodeFlags {
     /// workspace of the same id) are kept before they are deleted.
     #[arg(long, env = "BERTH_QUARANTINE_RETENTION", default_value = "7d", value_parser = parse_duration)]
     pub quarantine_retention: Duration,
-    /// Test hook: delay every provision (widens the bind window in failover tests).
+    /// Test hook: delay every provision that makes or changes a copy, in its provision slot
+    /// (widens the bind window in failover tests).
     #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
     pub debug_provision_delay: Duration,
     /// Test hook: delay every destroy's answer after its files are gone (lets a test cut
