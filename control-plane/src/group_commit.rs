@@ -36,16 +36,34 @@ pub async fn run_batches<P, C, F>(
                 Some(item) => queued.push_back(item),
                 None => return,
             }
-        }
-        while queued.len() < MAX_QUEUED {
-            match receiver.try_recv() {
-                Ok(item) => queued.push_back(item),
-                Err(_) => break,
+            // The first item of a burst wakes this task before the rest of the burst is
+            // sent: callers woken together (every waiter of one bind) run one after the
+            // other, and this task, woken by the first, would run right after it and commit
+            // that one alone. Yielding lets the callers already woken send theirs first; it
+            // goes on while they do, until a batch is full.
+            loop {
+                tokio::task::yield_now().await;
+                let before = queued.len();
+                drain(&mut receiver, &mut queued);
+                if queued.len() == before || queued.len() >= MAX_TXN_OPS {
+                    break;
+                }
             }
         }
+        drain(&mut receiver, &mut queued);
         let batch = take_batch(&mut queued);
         if std::panic::AssertUnwindSafe(commit(batch)).catch_unwind().await.is_err() {
             tracing::error!("a batch of {what} panicked; its callers were answered with an error");
+        }
+    }
+}
+
+/// Moves what is queued in `receiver` to `queued`, up to [`MAX_QUEUED`] items.
+fn drain<P>(receiver: &mut mpsc::UnboundedReceiver<P>, queued: &mut VecDeque<P>) {
+    while queued.len() < MAX_QUEUED {
+        match receiver.try_recv() {
+            Ok(item) => queued.push_back(item),
+            Err(_) => break,
         }
     }
 }

@@ -280,6 +280,34 @@ fn session(id: &str, workspace: &WorkspaceId) -> SessionRecord {
     }
 }
 
+/// 300 callers wait on one first bind, then each creates its session: the bind wakes them
+/// together, and their sessions go out in full batches (3 of up to 127), not one alone
+/// first — the committer woken by the first caller's create used to commit it by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_of_callers_woken_by_one_bind_commit_in_full_batches() {
+    let harness = harness_with(Duration::from_millis(300), Duration::from_millis(5)).await;
+    let workspace = WorkspaceId::new("ws-woken-together").unwrap();
+    let before = harness.store_registry.round_trips();
+    let callers: Vec<_> = (0..300)
+        .map(|index| {
+            let binder = Arc::clone(&harness.binder);
+            let store = Arc::clone(&harness.store);
+            let request = request(&workspace, "");
+            let record = session(&format!("s-woken-{index}"), &workspace);
+            tokio::spawn(async move {
+                binder.ensure_ready(request).await.expect("bind");
+                store.create_session(&record).await
+            })
+        })
+        .collect();
+    for caller in callers {
+        assert!(matches!(caller.await.unwrap(), Ok(SessionCreated::Created)));
+    }
+    let transactions = harness.store_registry.round_trips() - before;
+    // The bind's two (lock and read, then the fenced write) and ceil(300 / 127) batches.
+    assert_eq!(transactions, 2 + 3, "300 sessions after one bind took {} transactions", transactions - 2);
+}
+
 /// 100 first binds of distinct workspaces that start together and whose provisions end
 /// together, on a registry with a 5 ms round trip: their lock takes (each lock created if
 /// absent, its record read) are committed together, and so are their READY records — each
