@@ -20,23 +20,36 @@ pub struct Outcome<T> {
     pub answer: Result<T, String>,
 }
 
-/// Starts `count` calls at once and waits for all of them. Each latency runs from the
-/// call's first poll to its answer; the wall time from the first start to the last answer.
+/// Starts `count` calls at once, each in a task of its own (as the storm floors' etcd
+/// creates are, and as an agent service's concurrent requests would be), and waits for all
+/// of them. Each latency runs from the call's first poll to its answer; the wall time from
+/// the first start to the last answer. (With every call in one task, each answer also waited
+/// for that task's turn: in eight interleaved R=3 N=1000 storms the p99 was 46–138 ms that
+/// way, 45–58 ms this way.)
 pub async fn burst<F, Fut, T>(count: usize, call: F) -> (Vec<Outcome<T>>, Duration)
 where
     F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
+    Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
+    T: Send + 'static,
 {
     let started = Instant::now();
-    let calls = (0..count).map(|index| {
-        let future = call(index);
-        async move {
-            let call_started = Instant::now();
-            let answer = future.await;
-            Outcome { latency: call_started.elapsed(), answer }
-        }
-    });
-    let outcomes = futures::future::join_all(calls).await;
+    let calls: Vec<_> = (0..count)
+        .map(|index| {
+            let future = call(index);
+            tokio::spawn(async move {
+                let call_started = Instant::now();
+                let answer = future.await;
+                Outcome { latency: call_started.elapsed(), answer }
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(count);
+    for call in calls {
+        outcomes.push(call.await.unwrap_or_else(|error| Outcome {
+            latency: started.elapsed(),
+            answer: Err(format!("the call's task failed: {error}")),
+        }));
+    }
     (outcomes, started.elapsed())
 }
 
