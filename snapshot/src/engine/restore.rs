@@ -7,6 +7,7 @@
 //! and files are created with `O_EXCL` semantics in a directory this restore made, and
 //! symlinks are created last, so no write ever goes through a link.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
@@ -14,7 +15,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 
 use super::blocking;
 use crate::chunk;
@@ -74,7 +75,9 @@ pub async fn restore(
     if let Err(error) = swapped {
         let leftover = staging.clone();
         let _ = blocking(move || {
-            let _ = fs::remove_dir_all(&leftover);
+            if let Err(error) = fs::remove_dir_all(&leftover) {
+                tracing::warn!(path = %leftover.display(), %error, "could not remove a failed restore's directory");
+            }
             Ok(())
         })
         .await;
@@ -202,12 +205,24 @@ async fn write_tree(
     })
     .await?;
 
-    futures::stream::iter(
-        plan.files.iter().map(|entry| restore_file(store, snapshot_id, entry, staging.join(&entry.path))),
+    // The first failure stops the files in flight at their next step, but each is still
+    // awaited to its end: a file's blocking `open` left running on its own could create an
+    // entry in `staging` after the caller listed it for removal, and the directory would stay.
+    let failed = Cell::new(false);
+    let mut files = futures::stream::iter(
+        plan.files.iter().map(|entry| restore_file(store, snapshot_id, entry, staging.join(&entry.path), &failed)),
     )
-    .buffer_unordered(FILES_IN_FLIGHT)
-    .try_collect::<()>()
-    .await?;
+    .buffer_unordered(FILES_IN_FLIGHT);
+    let mut first_error = None;
+    while let Some(outcome) = files.next().await {
+        if let Err(error) = outcome {
+            failed.set(true);
+            first_error.get_or_insert(error);
+        }
+    }
+    if let Some(error) = first_error {
+        return Err(error);
+    }
 
     // Links last (nothing is written after them, so nothing goes through one), then the
     // directories' own modes and times, deepest first (a read-only directory is finished).
@@ -251,13 +266,18 @@ fn system_time(mtime_ns: i64) -> std::time::SystemTime {
 }
 
 /// One file: chunks fetched `CHUNKS_AHEAD` at a time, each verified, appended in order, the
-/// whole content checked against the entry's hash before mode and mtime are set.
+/// whole content checked against the entry's hash before mode and mtime are set. Once
+/// `failed` is set (another file failed) it stops between steps, never inside one.
 async fn restore_file(
     store: &dyn SnapshotStore,
     snapshot_id: &str,
     entry: &Entry,
     path: PathBuf,
+    failed: &Cell<bool>,
 ) -> Result<(), SnapshotError> {
+    if failed.get() {
+        return Ok(());
+    }
     let open_path = path.clone();
     let handle = blocking(move || {
         fs::OpenOptions::new()
@@ -274,6 +294,9 @@ async fn restore_file(
         futures::stream::iter(entry.chunks.iter().map(|chunk| fetch_chunk(store, snapshot_id, entry, chunk)))
             .buffered(CHUNKS_AHEAD);
     while let Some(data) = chunks.next().await {
+        if failed.get() {
+            return Ok(());
+        }
         let data = data?;
         let (mut handle, mut hasher) = writer.take().expect("writer is put back after every chunk");
         let write_path = path.clone();
