@@ -17,7 +17,7 @@ snapshot_store_suite!(dir, async {
 /// waiting for could land in the staging directory after `remove_dir_all` had listed it, so
 /// the directory stayed behind (seen once in CI, on Redis). Threads spinning on every core
 /// delay the blocking pool's threads enough to force that interleaving here: on the engine
-/// that did not wait, 1000 restores left 13–77 staging directories (six runs).
+/// that did not wait, 1000 restores left 8–77 staging directories (nine runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_restore_never_leaves_its_staging_directory() {
     let dir = tempfile::Builder::new().prefix("berth-snapshot-dir-").tempdir().unwrap();
@@ -31,7 +31,9 @@ async fn a_failed_restore_never_leaves_its_staging_directory() {
     store.delete_blob(&blake3::hash(b"the chunk the store loses").to_hex()).await.unwrap();
 
     let spinning = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let spinners: Vec<_> = (0..4)
+    // Two spinning threads per core (four on CI's two cores).
+    let cores = std::thread::available_parallelism().map_or(2, |cores| cores.get());
+    let spinners: Vec<_> = (0..2 * cores)
         .map(|_| {
             let spinning = spinning.clone();
             std::thread::spawn(move || {
