@@ -19,7 +19,7 @@ mod manifest;
 pub mod store;
 
 pub use engine::gc::{GcReport, collect_garbage};
-pub use engine::restore::{restore, restore_latest};
+pub use engine::restore::{restore, restore_latest, staging_target};
 pub use engine::retention::{delete_workspace, list, prune};
 pub use engine::snapshot::{SnapshotOptions, snapshot};
 pub use error::SnapshotError;

@@ -2,7 +2,8 @@
 //! snapshot store (a `dir` on disk, a real `redis-server`, `moto_server` as S3): a SIGKILLed
 //! node's workspace comes back restored on another node with exactly its files; a drain
 //! without `--force` moves every workspace with its data; a corrupted blob makes the restore
-//! fall back to the previous snapshot, loudly; a snapshot from a node holding an older
+//! fall back to the previous snapshot, loudly; a node killed mid-restore removes the partial
+//! tree when it starts again; a snapshot from a node holding an older
 //! placement never becomes the latest; interval snapshots keep `--snapshot-keep`; Release
 //! snapshots; destroy deletes every snapshot of the workspace.
 
@@ -249,6 +250,75 @@ async fn a_corrupted_blob_makes_the_restore_fall_back_to_the_previous_snapshot()
     );
     let replica_says = cluster.replica_log_lines(&cluster.replicas[0].id, "restored from an older snapshot");
     assert!(!replica_says.is_empty(), "the replica did not warn about the fallback");
+}
+
+/// The restore trees (`.ID.restore-…`) under a node's workspaces directory.
+fn unfinished_restores(cluster: &Cluster, node_id: &str) -> Vec<String> {
+    let workspaces = cluster.node(node_id).expect("node").data_dir.join("workspaces");
+    let Ok(entries) = std::fs::read_dir(workspaces) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| name.starts_with('.') && name.contains(".restore-"))
+        .collect()
+}
+
+/// (3b) A node SIGKILLed in the middle of restoring a workspace leaves the restore's partial
+/// tree beside its workspaces; started again on the same data directory, it removes that
+/// tree before it serves, and the workspace still comes back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_restore_removes_the_partial_tree_when_it_starts_again() {
+    let (mut cluster, _store) = snapshot_cluster(1, 2).await;
+    let replica = &cluster.replicas[0].server;
+    let session = replica.create_session("dee", "agent").await.expect("create");
+    let workspace_id = session.workspace_id;
+    // 64 MiB that does not compress, so the restore takes long enough to be caught in it.
+    for part in 0..8u64 {
+        let mut state = part.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let noise: Vec<u8> = (0..(8 << 20) / 8)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()
+            })
+            .collect();
+        replica.write_file(&workspace_id, &format!("big/{part}.bin"), &noise).await.expect("write");
+    }
+    replica.write_file(&workspace_id, "notes.txt", b"notes of dee").await.expect("write");
+    snapshot_by_cli(&replica.endpoint, &workspace_id);
+    let placed = replica.get_workspace(&workspace_id).await.expect("get");
+    cluster.node(&placed.node_id).expect("node").server.kill();
+    wait_node_gone(&cluster, &placed.node_id).await;
+    let other = cluster.nodes.iter().position(|node| node.id != placed.node_id).expect("another node");
+    let other_id = cluster.nodes[other].id.clone();
+
+    // A read re-places the workspace on the other node, which restores it; that node is
+    // killed as soon as the restore's tree shows up.
+    let (_, caught) = tokio::join!(replica.read_file(&workspace_id, "notes.txt"), async {
+        let caught = wait_until_every(Duration::from_secs(30), Duration::from_millis(1), || async {
+            !unfinished_restores(&cluster, &other_id).is_empty()
+        })
+        .await;
+        if caught {
+            cluster.nodes[other].server.kill();
+        }
+        caught
+    });
+    assert!(caught, "no restore tree appeared on {other_id}\n{}", cluster.logs(40));
+    let left = unfinished_restores(&cluster, &other_id);
+    assert_eq!(left.len(), 1, "the kill did not catch the restore in progress: {left:?}");
+
+    cluster.restart_node(other).await.expect("restart");
+    let replica = &cluster.replicas[0].server;
+    let left = unfinished_restores(&cluster, &other_id);
+    assert!(left.is_empty(), "{other_id} serves with an unfinished restore beside its workspaces: {left:?}");
+    let log = cluster.nodes[other].server.log();
+    assert!(log.contains("removed the tree of a restore that never finished"), "{log}");
+    let (read, _) = retry_transient(Duration::from_secs(30), || replica.read_file(&workspace_id, "notes.txt")).await;
+    assert_eq!(read.as_deref().ok(), Some(&b"notes of dee"[..]), "{read:?}\n{}", cluster.logs(40));
+    let (read, _) = retry_transient(Duration::from_secs(30), || replica.read_file(&workspace_id, "big/7.bin")).await;
+    assert_eq!(read.map(|bytes| bytes.len()).ok(), Some(8 << 20));
 }
 
 /// (4) A snapshot reported by a node holding an older placement (here: the node's id

@@ -30,6 +30,7 @@ impl Workspaces {
             path: "workspaces".into(),
             source,
         })?;
+        self.remove_unfinished_restores().await;
         let mut listing = tokio::fs::read_dir(&state_dir).await.map_err(|source| WorkspaceError::Io {
             op: "list",
             path: state_dir.display().to_string(),
@@ -50,6 +51,31 @@ impl Workspaces {
             }
         }
         Ok(())
+    }
+
+    /// A restore from a snapshot writes beside the workspace (`.ID.restore-…`) and renames
+    /// into place only when complete, so a node killed mid-restore leaves that partial tree
+    /// behind. Nothing restores while the node starts: each one found is removed.
+    async fn remove_unfinished_restores(&self) {
+        let workspaces = self.data_dir.join("workspaces");
+        let Ok(mut listing) = tokio::fs::read_dir(&workspaces).await else { return };
+        while let Ok(Some(item)) = listing.next_entry().await {
+            let name = item.file_name();
+            let named = name
+                .to_str()
+                .and_then(berth_snapshot::staging_target)
+                .is_some_and(|target| WorkspaceId::new(target).is_ok());
+            if !named || !item.file_type().await.is_ok_and(|kind| kind.is_dir()) {
+                continue;
+            }
+            let path = item.path();
+            match tokio::fs::remove_dir_all(&path).await {
+                Ok(()) => tracing::warn!(path = %path.display(), "removed the tree of a restore that never finished"),
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "could not remove the tree of an unfinished restore")
+                }
+            }
+        }
     }
 
     async fn restore_floor(&self, path: &Path) {

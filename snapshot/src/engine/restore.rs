@@ -27,6 +27,19 @@ use crate::store::{SnapshotStore, validate_snapshot_id, validate_workspace_id};
 const FILES_IN_FLIGHT: usize = 8;
 const CHUNKS_AHEAD: usize = 4;
 
+/// A restore into `dir/NAME` writes into `dir/.NAME.restore-<16 hex digits>` first.
+const STAGING_INFIX: &str = ".restore-";
+
+/// The target name a restore's staging directory is named after (`.NAME.restore-<16 hex>`
+/// gives `NAME`), or `None` for any other name. A process killed mid-restore leaves such a
+/// directory beside the target; whoever owns that directory removes it at start-up, when
+/// nothing can be restoring into it.
+pub fn staging_target(name: &str) -> Option<&str> {
+    let (target, random) = name.strip_prefix('.')?.rsplit_once(STAGING_INFIX)?;
+    let hex = random.len() == 16 && random.bytes().all(|byte| byte.is_ascii_hexdigit());
+    (hex && !target.is_empty()).then_some(target)
+}
+
 /// Restores snapshot `snapshot_id` of `workspace_id` into `into` (replacing what is there,
 /// atomically: `into` is the old tree or the whole new one, never a mix). Every chunk is
 /// checked against its hash and every file against its content hash.
@@ -55,7 +68,7 @@ pub async fn restore(
     let manifest = blocking(move || Manifest::decode(&data, &workspace, &id)).await?;
     let plan = Plan::check(&manifest)?;
 
-    let staging = parent.join(format!(".{name}.restore-{:016x}", rand::random::<u64>()));
+    let staging = parent.join(format!(".{name}{STAGING_INFIX}{:016x}", rand::random::<u64>()));
     let staging_for_create = staging.clone();
     blocking(move || {
         fs::DirBuilder::new()
@@ -388,6 +401,30 @@ fn swap_into_place(staging: &Path, into: &Path) -> Result<(), SnapshotError> {
                 tracing::warn!(path = %staging.display(), %error, "could not remove the tree a restore replaced");
             }
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_names_are_recognised_and_nothing_else() {
+        let made = format!(".ws-1{STAGING_INFIX}{:016x}", 0x1234_u64);
+        assert_eq!(staging_target(&made), Some("ws-1"));
+        assert_eq!(staging_target(".a.b.restore-0123456789abcdef"), Some("a.b"));
+        for other in [
+            "ws-1",
+            ".ws-1",
+            "ws-1.restore-0123456789abcdef",
+            "..restore-0123456789abcdef",
+            ".ws-1.restore-0123456789abcde",
+            ".ws-1.restore-0123456789abcdefa",
+            ".ws-1.restore-0123456789abcdeg",
+            ".ws-1.restored-0123456789abcdef",
+        ] {
+            assert_eq!(staging_target(other), None, "{other}");
         }
     }
 }
