@@ -1,5 +1,6 @@
-//! Start-up: the state files read back into entries, the runtimes of the workspaces marked
-//! running brought back, and the generation floors reloaded.
+//! Start-up: the trees of restores a killed node left unfinished removed, the state files
+//! read back into entries, the runtimes of the workspaces marked running brought back, and
+//! the generation floors reloaded.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU32};
