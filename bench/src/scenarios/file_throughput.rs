@@ -3,7 +3,8 @@
 //! size, against the same bytes written and read on the local disk the way the node does
 //! it (temp file, fsync, rename, fsync of the directory; then read back in chunks). A read
 //! row also carries what the bytes alone cost over loopback TCP, in one hop and relayed
-//! through a second ([`transport_floor`](super::transport_floor)).
+//! through a second, and in one hop over a Unix socket
+//! ([`transport_floor`](super::transport_floor)).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -124,6 +125,9 @@ fn transport_readings(
     };
     row.metric("tcp_one_hop_p50_ms", one_hop.p50_ms);
     row.metric("tcp_relayed_p50_ms", relayed.p50_ms);
+    if let Some(unix) = Summary::of(&floor.unix_one_hop) {
+        row.metric("unix_one_hop_p50_ms", unix.p50_ms);
+    }
     if let Some(measured) = &row.latency_ms {
         row.metric("via_replica_over_tcp_relayed", measured.p50_ms / relayed.p50_ms);
     }
