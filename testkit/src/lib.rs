@@ -66,6 +66,21 @@ pub fn venv(area: &str) -> std::path::PathBuf {
 
 pub use wait::{assert_eventually, eventually_ok, wait_for, wait_for_every, wait_until, wait_until_every};
 
+/// Deterministic bytes from `seed` (xorshift): incompressible, so a test's data costs what its
+/// size says in a snapshot or on the wire.
+pub fn noise(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(length + 8);
+    while out.len() < length {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(length);
+    out
+}
+
 /// A `cargo` command for a build nested in a process that cargo started (a test, `cargo
 /// run`): without the variables cargo set for *that* package. Build scripts that track
 /// one of them (ring tracks `CARGO_MANIFEST_DIR`) would otherwise see it change and rebuild

@@ -259,7 +259,7 @@ fn unfinished_restores(cluster: &Cluster, node_id: &str) -> Vec<String> {
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().into_string().ok())
-        .filter(|name| name.starts_with('.') && name.contains(".restore-"))
+        .filter(|name| berth_snapshot::staging_target(name).is_some())
         .collect()
 }
 
@@ -274,15 +274,7 @@ async fn a_node_killed_mid_restore_removes_the_partial_tree_when_it_starts_again
     let workspace_id = session.workspace_id;
     // 64 MiB that does not compress, so the restore takes long enough to be caught in it.
     for part in 0..8u64 {
-        let mut state = part.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let noise: Vec<u8> = (0..(8 << 20) / 8)
-            .flat_map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state.to_le_bytes()
-            })
-            .collect();
+        let noise = berth_testkit::noise(part, 8 << 20);
         replica.write_file(&workspace_id, &format!("big/{part}.bin"), &noise).await.expect("write");
     }
     replica.write_file(&workspace_id, "notes.txt", b"notes of dee").await.expect("write");

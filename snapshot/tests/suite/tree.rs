@@ -6,19 +6,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-/// Deterministic bytes (xorshift), incompressible.
-pub fn noise(seed: u64, length: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(length + 8);
-    while out.len() < length {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        out.extend_from_slice(&state.to_le_bytes());
-    }
-    out.truncate(length);
-    out
-}
+pub use berth_testkit::noise;
 
 pub fn write(root: &Path, relative: &str, data: &[u8], mode: u32) {
     let path = root.join(relative);
