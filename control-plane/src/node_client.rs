@@ -12,17 +12,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use berth_proto::auth::BearerInterceptor;
+use berth_proto::frames;
 use berth_proto::meta;
 use berth_proto::tls::ClientTls;
 use berth_proto::v1;
 use berth_proto::v1::contract_service_client::ContractServiceClient;
 use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
-use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONTENT_TYPE, TE};
 use http::{HeaderValue, Method, StatusCode, Uri, Version};
 use http_body_util::Full;
-use prost::Message;
 use tonic::body::Body;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -151,12 +150,6 @@ pub fn untimed_node_request<T>(message: T, generation: u64) -> tonic::Request<T>
     request
 }
 
-/// The one RPC whose answer a replica relays undecoded (`passthrough.rs`).
-pub const READ_FILE_PATH: &str = "/berth.v1.WorkspaceService/ReadFile";
-
-/// gRPC's length-prefixed message header: a compression flag and a 4-byte length.
-pub const FRAME_HEADER_BYTES: usize = 5;
-
 /// The node's `ReadFile` answer, undecoded: its status if it refused at once, else its
 /// response (headers, the body's frames as they come, trailers).
 pub async fn read_file_relayed(
@@ -164,15 +157,10 @@ pub async fn read_file_relayed(
     request: tonic::Request<v1::ReadFileRequest>,
 ) -> Result<tonic::Response<http::Response<Body>>, Status> {
     let (metadata, extensions, message) = request.into_parts();
-    // The message came in a body of at most 64 KiB, so its length fits the header's u32.
-    let length = message.encoded_len();
-    let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + length);
-    frame.put_u8(0);
-    frame.put_u32(u32::try_from(length).map_err(|_| Status::invalid_argument("request too large"))?);
-    message.encode(&mut frame).map_err(|error| Status::internal(format!("encoding the node request: {error}")))?;
-    let mut outbound = http::Request::new(Body::new(Full::new(Bytes::from(frame))));
+    let frame = frames::message_frame(&message)?;
+    let mut outbound = http::Request::new(Body::new(Full::new(frame)));
     *outbound.method_mut() = Method::POST;
-    *outbound.uri_mut() = Uri::from_static(READ_FILE_PATH);
+    *outbound.uri_mut() = Uri::from_static(frames::READ_FILE_PATH);
     *outbound.version_mut() = Version::HTTP_2;
     // The generation and any deadline (`grpc-timeout`) travel as metadata, as with a
     // generated client; the channel's interceptor adds the node credential and trace.

@@ -17,9 +17,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use berth_proto::frames::{self, READ_FILE_PATH};
 use berth_proto::v1;
-use http_body_util::{BodyExt, Limited};
-use prost::Message;
 use tonic::Status;
 use tonic::body::Body;
 use tonic::metadata::MetadataMap;
@@ -27,10 +26,6 @@ use tonic::server::NamedService;
 use tower::Service;
 
 use crate::forward::Forwarder;
-use crate::node_client::{FRAME_HEADER_BYTES, READ_FILE_PATH};
-
-/// Largest `ReadFile` request body accepted (a workspace id, a path, a chunk size).
-const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -75,38 +70,7 @@ where
 
 async fn read_file(forward: &Forwarder, request: http::Request<Body>) -> Result<http::Response<Body>, Status> {
     let (parts, body) = request.into_parts();
-    let message = single_message(body).await?;
+    let message = frames::single_message::<v1::ReadFileRequest>(body, frames::MAX_READ_FILE_REQUEST_BYTES).await?;
     let request = tonic::Request::from_parts(MetadataMap::from_headers(parts.headers), parts.extensions, message);
     forward.read_file_passthrough(request).await
-}
-
-/// The request's one message. A compressed message is refused (Berth negotiates no
-/// compression), as is a body that is not exactly one message.
-async fn single_message(body: Body) -> Result<v1::ReadFileRequest, Status> {
-    let bytes = Limited::new(body, MAX_REQUEST_BYTES)
-        .collect()
-        .await
-        .map_err(|error| {
-            if error.is::<http_body_util::LengthLimitError>() {
-                Status::resource_exhausted(format!("a ReadFile request is at most {MAX_REQUEST_BYTES} bytes"))
-            } else {
-                Status::from_error(error)
-            }
-        })?
-        .to_bytes();
-    let Some((header, payload)) = bytes.split_at_checked(FRAME_HEADER_BYTES) else {
-        return Err(Status::invalid_argument("the ReadFile request holds no message"));
-    };
-    if header[0] != 0 {
-        return Err(Status::unimplemented("compressed messages are not accepted"));
-    }
-    let declared = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if declared != payload.len() {
-        return Err(Status::invalid_argument(format!(
-            "the ReadFile request must be one message: {declared} bytes declared, {} sent",
-            payload.len()
-        )));
-    }
-    v1::ReadFileRequest::decode(payload)
-        .map_err(|error| Status::invalid_argument(format!("the ReadFile request does not decode: {error}")))
 }

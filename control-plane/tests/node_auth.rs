@@ -16,6 +16,7 @@ use berth_proto::v1;
 use berth_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use berth_proto::v1::node_service_client::NodeServiceClient;
 use berth_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use prost::Message;
 use support::{ALICE, Creds, Limits};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -45,6 +46,12 @@ async fn node_agent_refuses_calls_without_the_control_planes_credentials() {
             .await
             .unwrap_err();
         assert_eq!(exec.code(), Code::Unauthenticated, "{name}: exec: {exec:?}");
+        // `ReadFile`, which the node writes as frames by hand, stands behind it too.
+        let read = data_plane
+            .read_file(v1::ReadFileRequest { workspace_id: "ws-x".into(), path: "a".into(), chunk_size: 0 })
+            .await
+            .unwrap_err();
+        assert_eq!(read.code(), Code::Unauthenticated, "{name}: read_file: {read:?}");
         let provision = node
             .provision(v1::ProvisionRequest { workspace_id: "ws-x".into(), generation: 1, ..Default::default() })
             .await
@@ -59,6 +66,96 @@ async fn node_agent_refuses_calls_without_the_control_planes_credentials() {
     // Health stays open for probes.
     let mut health = tonic_health::pb::health_client::HealthClient::new(support::channel(&harness.node_endpoint));
     health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap();
+}
+
+/// `ReadFile` on a node is written as frames by hand (node-agent `read_frames.rs`): a
+/// generated client reads it whole, in the chunks it asked for, and the call passes the
+/// same gate as every other (generation, workspace held) and refuses malformed requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_from_the_node_arrives_whole_and_passes_the_same_gate() {
+    let harness = support::start(Limits::default()).await;
+    let mut alice = harness.workspace(Creds::token(ALICE));
+    let workspace_id = alice
+        .create_session(v1::CreateSessionRequest { agent_id: "reader".into(), ..Default::default() })
+        .await
+        .expect("alice creates her session")
+        .into_inner()
+        .workspace_id;
+    let data = berth_testkit::noise(7, 2 * 1024 * 1024 + 17);
+    let messages = support::write_messages(&workspace_id, "blob.bin", &data);
+    alice.write_file(futures::stream::iter(messages)).await.expect("write");
+
+    let mut node = WorkspaceServiceClient::with_interceptor(
+        support::channel(&harness.node_endpoint),
+        BearerInterceptor::new(Some(&harness.node_secret)),
+    );
+    for chunk_size in [4096u32, 100_000, 1024 * 1024] {
+        let request = v1::ReadFileRequest { workspace_id: workspace_id.clone(), path: "blob.bin".into(), chunk_size };
+        let mut stream = node.read_file(request).await.expect("the node serves the read").into_inner();
+        let mut chunks = Vec::new();
+        while let Some(chunk) = stream.message().await.expect("a chunk") {
+            chunks.push(chunk.data);
+        }
+        assert!(chunks.iter().all(|chunk| chunk.len() <= chunk_size as usize), "a chunk over {chunk_size}");
+        assert_eq!(chunks.concat(), data, "chunk size {chunk_size}");
+    }
+
+    // The gate: a generation the node does not hold, a workspace it does not hold, a path
+    // out of the workspace; each refused before a byte is read.
+    let mut request = tonic::Request::new(v1::ReadFileRequest {
+        workspace_id: workspace_id.clone(),
+        path: "blob.bin".into(),
+        chunk_size: 0,
+    });
+    request.metadata_mut().insert(berth_proto::meta::GENERATION, "999".parse().expect("value"));
+    let stale = node.read_file(request).await.expect_err("a generation the node does not hold");
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+    assert!(stale.message().contains("not 999"), "{stale:?}");
+    let unknown = v1::ReadFileRequest { workspace_id: "ws-none".into(), path: "blob.bin".into(), chunk_size: 0 };
+    let unknown = node.read_file(unknown).await.expect_err("a workspace the node does not hold");
+    assert_eq!(unknown.code(), Code::FailedPrecondition, "{unknown:?}");
+    assert!(unknown.message().contains("not provisioned"), "{unknown:?}");
+    let escape = v1::ReadFileRequest { workspace_id: workspace_id.clone(), path: "../x".into(), chunk_size: 0 };
+    let escape = node.read_file(escape).await.expect_err("a path out of the workspace");
+    assert_eq!(escape.code(), Code::InvalidArgument, "{escape:?}");
+
+    // A body that is not one uncompressed message, with the right credential.
+    let message = v1::ReadFileRequest { workspace_id: workspace_id.clone(), path: "blob.bin".into(), chunk_size: 0 }
+        .encode_to_vec();
+    let mut compressed = vec![1u8];
+    compressed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    compressed.extend_from_slice(&message);
+    let mut cut = vec![0u8];
+    cut.extend_from_slice(&(message.len() as u32 + 1).to_be_bytes());
+    cut.extend_from_slice(&message);
+    for (case, body, expected) in [
+        ("no message", Vec::new(), Code::InvalidArgument),
+        ("a compressed message", compressed, Code::Unimplemented),
+        ("a length past the body", cut, Code::InvalidArgument),
+        ("a body over 64 KiB", vec![0u8; 100 * 1024], Code::ResourceExhausted),
+    ] {
+        let status = raw_read_file(&harness.node_endpoint, &harness.node_secret, body).await;
+        assert_eq!(status.code(), expected, "{case}: {status:?}");
+    }
+}
+
+/// Sends `body` as a ReadFile request body to a node, as it is; the status it answers.
+async fn raw_read_file(endpoint: &str, secret: &Secret, body: Vec<u8>) -> tonic::Status {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut request = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::from(body))));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = http::Uri::from_static("/berth.v1.WorkspaceService/ReadFile");
+    request.headers_mut().insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    request.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+    let authorization = format!("Bearer {}", secret.expose()).parse().expect("header");
+    request.headers_mut().insert(http::header::AUTHORIZATION, authorization);
+    let response = support::channel(endpoint).oneshot(request).await.expect("the node answers over HTTP/2");
+    if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+        return status;
+    }
+    let trailers = response.into_body().collect().await.expect("body").trailers().cloned().expect("trailers");
+    tonic::Status::from_header_map(&trailers).expect("a grpc-status")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

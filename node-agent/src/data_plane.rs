@@ -31,6 +31,16 @@ impl DataPlane {
         Self { gate, files, contract }
     }
 
+    /// `ReadFile`'s bytes for `read_frames.rs`: admitted by the same gate as every call.
+    pub async fn read_pieces(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        request: v1::ReadFileRequest,
+    ) -> Result<BoxStream<bytes::Bytes>, Status> {
+        let workspace = self.gate.admit(metadata, request.workspace_id())?;
+        self.files.read_pieces(workspace, request).await
+    }
+
     /// The one path of every unary and server-streaming call: admit, then handle.
     async fn unary<M, R, F, Fut>(&self, request: Request<M>, handle: F) -> Result<Response<R>, Status>
     where

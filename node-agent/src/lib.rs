@@ -18,6 +18,7 @@ pub mod heartbeat;
 pub mod limits;
 pub mod metrics;
 pub mod quarantine;
+pub mod read_frames;
 pub mod server;
 pub mod service;
 pub mod snapshots;

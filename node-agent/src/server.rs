@@ -19,6 +19,7 @@ use crate::files::Files;
 use crate::gate::Gate;
 use crate::heartbeat::Heartbeater;
 use crate::limits::OutputBudget;
+use crate::read_frames::ReadFileFrames;
 use crate::service::NodeAgentApi;
 use crate::state::Workspaces;
 
@@ -120,6 +121,8 @@ pub async fn serve(
     let workspace_api = WorkspaceServiceServer::from_arc(Arc::clone(&data_plane))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    // `ReadFile` written as frames by hand (`read_frames.rs`): no copy of the file's bytes.
+    let workspace_api = ReadFileFrames::new(workspace_api, Arc::clone(&data_plane));
     let contract_api = ContractServiceServer::from_arc(data_plane)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

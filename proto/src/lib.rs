@@ -14,6 +14,7 @@ pub mod backends;
 pub mod contract;
 pub mod convert;
 pub mod credentials;
+pub mod frames;
 pub mod meta;
 pub mod routed;
 pub mod tls;
