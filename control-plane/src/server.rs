@@ -130,7 +130,7 @@ pub async fn serve(
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes);
     // ReadFile bypasses the generated server: its answer is relayed undecoded.
-    let read_file = Forwarder::new(Arc::clone(&router), access.clone(), config.node_call_timeout);
+    let read_file = Arc::new(Forwarder::new(Arc::clone(&router), access.clone(), config.node_call_timeout));
     let workspace_api = ReadFilePassthrough::new(
         WorkspaceServiceServer::new(WorkspaceApi::new(router, sessions, access, config.node_call_timeout))
             .max_decoding_message_size(config.max_message_bytes)

@@ -4,7 +4,8 @@
 //! The generated server encodes every `FileChunk` into its own buffer before it sends it: a
 //! copy of every byte read, and about a sixth of the node's CPU on a 1 MiB read.
 //! [`ReadFileFrames`] sits in front of the generated `WorkspaceService` server and takes
-//! `ReadFile` alone. The request (one small message) passes the same gate as every call
+//! `ReadFile` alone (`berth_proto::frames::TakeReadFile`, which refuses a malformed body,
+//! typed). The request (one small message) passes the same gate as every call
 //! (`DataPlane::read_pieces`); each piece of the file then goes out as a small prefix frame
 //! followed by the piece's own `Bytes`, and the stream ends in trailers that carry the
 //! status: OK, or the error that stopped the read, so a read never ends looking whole when
@@ -12,13 +13,10 @@
 //! generated server. Every other call passes to the generated server untouched; the node's
 //! credential check (`auth.rs`) stands in front of both.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use berth_proto::frames::{self, READ_FILE_PATH};
+use berth_proto::frames::{self, BoxFuture, ReadFileHandler, TakeReadFile};
 use berth_proto::v1;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -27,61 +25,26 @@ use http::{HeaderMap, HeaderValue};
 use http_body::Frame;
 use tonic::Status;
 use tonic::body::Body;
-use tonic::metadata::MetadataMap;
-use tonic::server::NamedService;
-use tower::Service;
 
 use crate::data_plane::DataPlane;
 use crate::files::BoxStream;
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 /// The generated `WorkspaceService` server `S`, with `ReadFile` written as frames by hand.
-#[derive(Clone)]
-pub struct ReadFileFrames<S> {
-    inner: S,
-    data_plane: Arc<DataPlane>,
-}
+pub type ReadFileFrames<S> = TakeReadFile<S, DataPlane>;
 
-impl<S> ReadFileFrames<S> {
-    pub fn new(inner: S, data_plane: Arc<DataPlane>) -> Self {
-        Self { inner, data_plane }
+impl ReadFileHandler for DataPlane {
+    fn read_file(
+        &self,
+        request: tonic::Request<v1::ReadFileRequest>,
+    ) -> BoxFuture<'_, Result<http::Response<Body>, Status>> {
+        Box::pin(async move {
+            let (metadata, _, message) = request.into_parts();
+            let pieces = self.read_pieces(&metadata, message).await?;
+            let mut response = http::Response::new(Body::new(ChunkFrames::new(pieces)));
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            Ok(response)
+        })
     }
-}
-
-impl<S: NamedService> NamedService for ReadFileFrames<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for ReadFileFrames<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != READ_FILE_PATH {
-            return Box::pin(self.inner.call(request));
-        }
-        let data_plane = Arc::clone(&self.data_plane);
-        Box::pin(async move { Ok(read_file(&data_plane, request).await.unwrap_or_else(Status::into_http)) })
-    }
-}
-
-async fn read_file(data_plane: &DataPlane, request: http::Request<Body>) -> Result<http::Response<Body>, Status> {
-    let (parts, body) = request.into_parts();
-    let message = frames::single_message::<v1::ReadFileRequest>(body, frames::MAX_READ_FILE_REQUEST_BYTES).await?;
-    let pieces = data_plane.read_pieces(&MetadataMap::from_headers(parts.headers), message).await?;
-    let mut response = http::Response::new(Body::new(ChunkFrames::new(pieces)));
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    Ok(response)
 }
 
 /// A response body of one `FileChunk` message per piece, then the trailers.

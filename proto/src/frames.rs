@@ -5,9 +5,16 @@
 //! sends), and a replica would decode the node's chunks and encode them again. Instead the
 //! node writes each chunk as a small prefix (the message header and the field's tag and
 //! length) followed by the chunk's own `Bytes` (node-agent `read_frames.rs`), and a replica
-//! relays the node's frames undecoded (control-plane `passthrough.rs`). Both read the one
-//! request message with [`single_message`]; on the wire nothing differs from what the
-//! generated code sends, so every gRPC client reads the answer.
+//! relays the node's frames undecoded (control-plane `passthrough.rs`). Both take the call
+//! with [`TakeReadFile`] in front of their generated server, which reads the one request
+//! message with [`single_message`]; on the wire nothing differs from what the generated
+//! code sends, so every gRPC client reads the answer.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
@@ -15,6 +22,11 @@ use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 use tonic::Status;
 use tonic::body::Body;
+use tonic::metadata::MetadataMap;
+use tonic::server::NamedService;
+use tower::Service;
+
+use crate::v1;
 
 /// The path of `WorkspaceService.ReadFile`.
 pub const READ_FILE_PATH: &str = "/berth.v1.WorkspaceService/ReadFile";
@@ -27,6 +39,75 @@ pub const MAX_READ_FILE_REQUEST_BYTES: usize = 64 * 1024;
 
 /// The field number of `FileChunk.data`.
 const FILE_CHUNK_DATA: u32 = 1;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What answers `ReadFile` for [`TakeReadFile`]: the decoded request (with its metadata
+/// and extensions) to the whole HTTP response, or a status for a trailers-only refusal.
+pub trait ReadFileHandler: Send + Sync + 'static {
+    fn read_file(
+        &self,
+        request: tonic::Request<v1::ReadFileRequest>,
+    ) -> BoxFuture<'_, Result<http::Response<Body>, Status>>;
+}
+
+/// A generated `WorkspaceService` server `S` with `ReadFile` taken by `H`: the request body
+/// is read as exactly one uncompressed message of at most [`MAX_READ_FILE_REQUEST_BYTES`]
+/// (anything else is refused, typed) and handed to `H`. Every other call passes to `S`
+/// untouched.
+pub struct TakeReadFile<S, H> {
+    inner: S,
+    handler: Arc<H>,
+}
+
+impl<S, H> TakeReadFile<S, H> {
+    pub fn new(inner: S, handler: Arc<H>) -> Self {
+        Self { inner, handler }
+    }
+}
+
+impl<S: Clone, H> Clone for TakeReadFile<S, H> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone(), handler: Arc::clone(&self.handler) }
+    }
+}
+
+impl<S: NamedService, H> NamedService for TakeReadFile<S, H> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, H> Service<http::Request<Body>> for TakeReadFile<S, H>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+    H: ReadFileHandler,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != READ_FILE_PATH {
+            return Box::pin(self.inner.call(request));
+        }
+        let handler = Arc::clone(&self.handler);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let answer = match single_message::<v1::ReadFileRequest>(body, MAX_READ_FILE_REQUEST_BYTES).await {
+                Ok(message) => {
+                    let metadata = MetadataMap::from_headers(parts.headers);
+                    handler.read_file(tonic::Request::from_parts(metadata, parts.extensions, message)).await
+                }
+                Err(status) => Err(status),
+            };
+            Ok(answer.unwrap_or_else(Status::into_http))
+        })
+    }
+}
 
 /// `message` as one uncompressed gRPC message: its header, then its bytes.
 pub fn message_frame(message: &impl Message) -> Result<Bytes, Status> {
@@ -88,7 +169,6 @@ pub async fn single_message<M: Message + Default>(body: Body, max: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v1;
 
     #[test]
     fn a_prefix_and_the_bytes_are_the_frame_a_generated_server_sends() {
