@@ -12,8 +12,9 @@
 //! any error after the first byte) reaches the client unchanged. Every other call passes to
 //! the generated server untouched.
 
-use berth_proto::frames::{BoxFuture, ReadFileHandler, TakeReadFile};
+use berth_proto::frames::{ReadFileHandler, TakeReadFile};
 use berth_proto::v1;
+use futures::future::BoxFuture;
 use tonic::Status;
 use tonic::body::Body;
 

@@ -16,10 +16,11 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use berth_proto::frames::{self, BoxFuture, ReadFileHandler, TakeReadFile};
+use berth_proto::frames::{self, ReadFileHandler, TakeReadFile};
 use berth_proto::v1;
 use bytes::Bytes;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue};
 use http_body::Frame;

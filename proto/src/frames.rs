@@ -11,12 +11,11 @@
 //! code sends, so every gRPC client reads the answer.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Limited};
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
@@ -39,8 +38,6 @@ pub const MAX_READ_FILE_REQUEST_BYTES: usize = 64 * 1024;
 
 /// The field number of `FileChunk.data`.
 const FILE_CHUNK_DATA: u32 = 1;
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What answers `ReadFile` for [`TakeReadFile`]: the decoded request (with its metadata
 /// and extensions) to the whole HTTP response, or a status for a trailers-only refusal.
@@ -95,18 +92,18 @@ where
             return Box::pin(self.inner.call(request));
         }
         let handler = Arc::clone(&self.handler);
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let answer = match single_message::<v1::ReadFileRequest>(body, MAX_READ_FILE_REQUEST_BYTES).await {
-                Ok(message) => {
-                    let metadata = MetadataMap::from_headers(parts.headers);
-                    handler.read_file(tonic::Request::from_parts(metadata, parts.extensions, message)).await
-                }
-                Err(status) => Err(status),
-            };
-            Ok(answer.unwrap_or_else(Status::into_http))
-        })
+        Box::pin(async move { Ok(take_read_file(&*handler, request).await.unwrap_or_else(Status::into_http)) })
     }
+}
+
+async fn take_read_file<H: ReadFileHandler>(
+    handler: &H,
+    request: http::Request<Body>,
+) -> Result<http::Response<Body>, Status> {
+    let (parts, body) = request.into_parts();
+    let message = single_message::<v1::ReadFileRequest>(body, MAX_READ_FILE_REQUEST_BYTES).await?;
+    let metadata = MetadataMap::from_headers(parts.headers);
+    handler.read_file(tonic::Request::from_parts(metadata, parts.extensions, message)).await
 }
 
 /// `message` as one uncompressed gRPC message: its header, then its bytes.
